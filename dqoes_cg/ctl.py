@@ -1,0 +1,163 @@
+"""dqoesctl: set QoE targets and watch the controller.
+
+    dqoesctl set-target CONTAINER TARGET [--metric mean|p50|p90|p95|p99] [--pending]
+    dqoesctl unset-target CONTAINER
+    dqoesctl list [--json]
+    dqoesctl status [CONTAINER] [--json] [--watch [SECONDS]]
+
+CONTAINER is a Docker/Podman name or ID (prefix), a cgroup path, a PID or a systemd unit.
+TARGET is a duration with a unit: 250us, 40ms, 1.5s. Every error is one line on stderr and a
+non-zero exit status, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .control import DaemonUnavailable, RequestError, request
+from .state import METRICS
+
+DEFAULT_SOCKET = Path("/run/dqoes/dqoes.sock")
+EXIT_ERROR = 1
+EXIT_UNAVAILABLE = 3
+_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'40ms' -> 0.04. A unit is required: a bare number is too easy to get wrong."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"bad duration {text!r}: use a number and a unit (250us, 40ms, 1.5s)")
+    seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if not seconds > 0:
+        raise ValueError(f"bad duration {text!r}: must be greater than zero")
+    return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    magnitude = abs(seconds)
+    if magnitude >= 1:
+        return f"{seconds:.2f}s"
+    if magnitude >= 1e-3:
+        return f"{seconds * 1e3:.1f}ms"
+    return f"{seconds * 1e6:.0f}us"
+
+
+def _cores(value: float | None) -> str:
+    return "max" if value is None else f"{value:.2f}"
+
+
+def format_status(status: dict[str, Any]) -> str:
+    header = ("CONTAINER", "CLASS", "TARGET", "METRIC", "MEASURED", "Q", "LIMIT", "USAGE",
+              "THROTTLED", "SAMPLES")
+    rows = [header]
+    for c in status["containers"]:
+        q = c["q_s"]
+        rows.append((
+            c["name"], c["class"], format_duration(c["target_s"]), c["metric"],
+            format_duration(c["measured_s"]),
+            "-" if q is None else ("+" if q >= 0 else "") + format_duration(q),
+            _cores(c["cpu_limit_cores"]), f"{c['cpu_usage_cores']:.2f}",
+            f"{c['throttled_ratio'] * 100:.0f}%", str(c["samples"]),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    h = status["host"]
+    age = h["last_decision_age_s"]
+    lines.append("")
+    lines.append(
+        f"G {h['G']}  S {h['S']}  B {h['B']}  idle {h['idle']}  pending {h['pending']}"
+        f"  | policy {h['policy']}, interval {h['interval_s']:.0f}s, last decision "
+        + ("never" if age is None else f"{age:.0f}s ago")
+        + f", budget {h['budget_cpus']:g} CPUs")
+    return "\n".join(lines)
+
+
+def format_list(targets: list[dict[str, Any]]) -> str:
+    rows = [("CONTAINER", "TARGET", "METRIC", "STATE", "CGROUP")]
+    rows += [(t["name"], format_duration(t["target_s"]), t["metric"], t["state"],
+              t["cgroup"] or "-") for t in targets]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dqoesctl", description="Control the dqoes-cg daemon.")
+    p.add_argument("--socket", type=Path,
+                   default=Path(os.environ.get("DQOES_SOCKET", DEFAULT_SOCKET)),
+                   help="daemon control socket (default %(default)s, or $DQOES_SOCKET)")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("set-target", help="give a container a QoE target")
+    s.add_argument("container")
+    s.add_argument("target", help="e.g. 250us, 40ms, 1.5s")
+    s.add_argument("--metric", default="p95", choices=METRICS,
+                   help="latency statistic compared with the target (default %(default)s)")
+    s.add_argument("--pending", action="store_true",
+                   help="accept a container that does not exist yet; bind it when it appears")
+    u = sub.add_parser("unset-target", help="remove a target and restore the container's limit")
+    u.add_argument("container")
+    ls = sub.add_parser("list", help="list targets")
+    ls.add_argument("--json", action="store_true")
+    st = sub.add_parser("status", help="show the controller's view")
+    st.add_argument("container", nargs="?")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--watch", nargs="?", type=float, const=1.0, metavar="SECONDS",
+                    help="refresh every SECONDS (default 1) until interrupted")
+    return p
+
+
+def _run(args: argparse.Namespace) -> str:
+    if args.command == "set-target":
+        r = request(args.socket, "set-target", container=args.container,
+                    target_s=parse_duration(args.target), metric=args.metric,
+                    pending=args.pending)
+        state = "bound to " + r["cgroup"] if r["cgroup"] else "pending (container not found yet)"
+        return (f"{r['name']}: target {format_duration(r['target_s'])} ({r['metric']}), {state}\n"
+                f"ring: {r['ring']}\n"
+                f"mount it into the container, e.g.: docker run -v {r['ring_dir']}:/run/dqoes ...")
+    if args.command == "unset-target":
+        r = request(args.socket, "unset-target", container=args.container)
+        restored = f", cpu.max restored to '{r['restored']}'" if r["restored"] else ""
+        return f"{r['name']}: target removed{restored}"
+    if args.command == "list":
+        targets = request(args.socket, "list")
+        return json.dumps(targets, indent=1) if args.json else format_list(targets)
+    status = request(args.socket, "status", container=args.container)
+    return json.dumps(status, indent=1) if args.json else format_status(status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        while True:
+            out = _run(args)
+            if getattr(args, "watch", None) is None:
+                print(out)
+                return 0
+            print("\033[H\033[J" + time.strftime("%H:%M:%S  ") + "dqoes-cg\n" + out, flush=True)
+            time.sleep(args.watch)
+    except (ValueError, RequestError) as e:
+        print(f"dqoesctl: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except DaemonUnavailable as e:
+        print(f"dqoesctl: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

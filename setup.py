@@ -1,0 +1,24 @@
+"""Build dqoes-cg: the Python package and its cffi extension (dqoes_cg._native) from csrc/."""
+
+from setuptools import setup
+
+setup(
+    name="dqoes-cg",
+    version="0.1.0",
+    description="Per-host QoE controller for containers on cgroup v2 (DQoES)",
+    packages=["dqoes_cg"],
+    python_requires=">=3.11",
+    setup_requires=["cffi>=1.15"],
+    install_requires=["cffi>=1.15", "numpy>=1.24", "psutil>=5.9", "pyroute2>=0.7"],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6", "ruff"],
+        "bench": ["matplotlib>=3.6"],
+    },
+    cffi_modules=["csrc/ffi_build.py:ffibuilder"],
+    entry_points={
+        "console_scripts": [
+            "dqoesd=dqoes_cg.daemon:main",
+            "dqoesctl=dqoes_cg.ctl:main",
+        ]
+    },
+)
