@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .control import DaemonUnavailable, RequestError, request
 from .state import METRICS
@@ -94,8 +94,14 @@ def format_list(targets: list[dict[str, Any]]) -> str:
                      for r in rows)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, like every other error of dqoesctl (argparse would add the usage)."""
+        self.exit(2, f"dqoesctl: {message} (see dqoesctl --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dqoesctl", description="Control the dqoes-cg daemon.")
+    p = _Parser(prog="dqoesctl", description="Control the dqoes-cg daemon.")
     p.add_argument("--socket", type=Path,
                    default=Path(os.environ.get("DQOES_SOCKET", DEFAULT_SOCKET)),
                    help="daemon control socket (default %(default)s, or $DQOES_SOCKET)")

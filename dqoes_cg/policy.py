@@ -1,0 +1,320 @@
+"""Policies: decide each container's CPU limit from what it measured. DQoES is the first.
+
+The loop sees a policy only through `Policy`: it hands over an `Observation` (per-slot numpy
+arrays it owns) and gets back a `Decision` (per-slot arrays the policy owns), or None when the
+policy is not due. Slots are 0..n-1, as in the loop's tables; `resize(n)` follows a
+membership change. CPU limits and usages are fractions of the worker budget T_R (1.0 = every
+CPU the managed containers may use); limits are caps, so they may add up to more than 1.0
+and CFS shares out whatever the caps leave.
+
+DQoES (the paper's section IV), one round
+------------------------------------------
+With o_i the target, p_i the measured latency over the window, r_i the CPU usage over the
+window and L_i the current limit:
+
+    q_i = o_i - p_i                        > 0: faster than the target
+    G = {q_i > alpha·o_i}    S = {|q_i| <= alpha·o_i}    B = {q_i < -alpha·o_i}
+    Q_G = Σ_G q_i > 0     Q_B = Σ_B q_i < 0      R_G = Σ_G r_i
+
+    i in G:  L_i' = max(min(L_i, r_i) · (1 - (q_i/Q_G)·R_G·β),  1/(2n))
+    i in B:  L_i' = min(L_i · (1 + (q_i/Q_B)·R_G·β),  T_R)
+    i in S:  L_i' = L_i
+
+q_i/Q_G and q_i/Q_B lie in (0, 1]: each container moves by its share of its class's gap.
+B grows by R_G, what G gives up, so with no container in G nothing changes (the paper's
+unachievable-targets run stays at an even share). n counts every managed container, idle or
+not, so the floors add up to T_R/2 at most and never cross the cap.
+
+Readings taken where the paper is loose (see shared/papers/ALGORITHMS.md):
+- G is cut from min(L_i, r_i), the limit that binds: a container that uses far less than its
+  cap (one that started unlimited) would otherwise be cut for hundreds of rounds before the
+  cut bites. B grows from L_i itself: growing from a usage a little under the cap (as
+  measured usage always is) would shrink a starved container's cap whenever the step is
+  small, and would move limits with no G at all.
+- A container without a usable measurement (no requests in the window, no target, or a
+  non-finite value anywhere) is IDLE: no class, not in the sums, limit untouched.
+- A container joining starts at max(its usage share, the even share 1/n), capped at T_R: no
+  tighter than what it uses nor than the default platform would give it, and a finite cap
+  that growth in B can act on (an unlimited one is already at the cap).
+- alpha is the tolerance band (alpha ≥ 0), β the step (0 < β ≤ 1); both default to 0.10.
+
+Algorithm 2, the adaptive listener, runs after each round on (Q_G, Q_B, |S|) and sets when
+the next round is due, IV seconds later:
+- Q_G fell and Q_B rose (both gaps shrinking) for the third round in a row: IV doubles, up
+  to a ceiling iv_max.
+- else |S| fell (the steady state broke): IV = IV_initial. This round is the immediate run
+  of Algorithm 1 the paper asks for.
+- else: the streak ends, IV unchanged.
+A container joining or leaving, or a target changing, calls `reset()`: IV = IV_initial, the
+series forgotten (it described other containers or targets), and the next round due at once.
+
+Hot path: `decide` writes into arrays preallocated by `resize` and allocates no arrays.
+
+A second policy (FlowCon, for training jobs) implements the same `Policy` members: its
+metric (the evaluation value E) arrives in `measured`, it keeps E's history itself, and it
+adds its lists to `Cls` and its own keys to `Decision.totals`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+Int8Array = npt.NDArray[np.int8]
+BoolArray = npt.NDArray[np.bool_]
+
+T_R = 1.0  # the worker budget, in the fraction units of limits and usages: the cap of any limit
+
+
+class Cls(IntEnum):
+    """Class codes of a container (int8 arrays), shared by policy, daemon and CLI."""
+
+    IDLE = 0  # no usable measurement in the window: no class, limit untouched
+    G = 1  # faster than its target by more than alpha·o
+    S = 2  # within alpha·o of its target: satisfied
+    B = 3  # slower than its target by more than alpha·o
+
+
+@dataclass(slots=True)
+class Observation:
+    """What the loop measured over the last window; float64 arrays of shape (n,), one slot a
+    container. The loop owns them and may refill them in place between calls."""
+
+    target: FloatArray  # the container's objective (DQoES: latency target, s; NaN: none)
+    measured: FloatArray  # its metric over the window (same unit; NaN: no requests)
+    usage: FloatArray  # CPU used over the window, fraction of T_R
+    limit: FloatArray  # current CPU limit, fraction of T_R
+
+
+@dataclass(slots=True)
+class Decision:
+    """One round's outcome. The policy owns the arrays; they stay valid until its next
+    `decide` or `resize`."""
+
+    limits: FloatArray  # new limit per slot, fraction of T_R
+    classes: Int8Array  # Cls code per slot
+    score: FloatArray  # what the classes come from (DQoES: q_i = o_i - p_i); not for IDLE
+    totals: dict[str, float] = field(default_factory=dict)  # per-round scalars, for status
+    interval: float = 0.0  # seconds until the policy is due again
+
+
+class Policy(Protocol):
+    """All the loop knows of a policy."""
+
+    name: str
+
+    def resize(self, n: int) -> None:
+        """Membership changed: n slots from now on. Implies `reset()`."""
+
+    def reset(self) -> None:
+        """A target changed (or membership did): run at the next `decide`, whatever the time."""
+
+    def initial_limits(self, usage: FloatArray) -> FloatArray:
+        """Limits for containers joining now (call after `resize`), from their usage share
+        over the last window (NaN: unknown)."""
+        ...
+
+    def due(self, now: float) -> bool:
+        """Whether `decide(obs, now)` would run a round (so the loop can skip the window)."""
+        ...
+
+    def decide(self, obs: Observation, now: float) -> Decision | None:
+        """Run a round if due at `now` (monotonic seconds); None if not due."""
+        ...
+
+
+class Round(NamedTuple):
+    """The per-round totals of Algorithm 1."""
+
+    q_g: float  # Q_G = Σ_G q_i (≥ 0)
+    q_b: float  # Q_B = Σ_B q_i (≤ 0)
+    r_g: float  # R_G = Σ_G r_i
+    r_b: float  # R_B = Σ_B r_i
+    satisfied: int  # |S|
+
+
+@dataclass(slots=True)
+class Workspace:
+    """Scratch arrays of Algorithm 1 for n slots, allocated once per membership."""
+
+    q: FloatArray
+    x: FloatArray
+    y: FloatArray
+    valid: BoolArray
+    g: BoolArray
+    s: BoolArray
+    b: BoolArray
+
+    @classmethod
+    def sized(cls, n: int) -> Workspace:
+        def flags() -> BoolArray:
+            return np.zeros(n, dtype=bool)
+
+        return cls(q=np.zeros(n), x=np.zeros(n), y=np.zeros(n),
+                   valid=flags(), g=flags(), s=flags(), b=flags())
+
+
+def algorithm1_into(
+    target: FloatArray, measured: FloatArray, usage: FloatArray, limit: FloatArray, *,
+    alpha: float, beta: float, ws: Workspace, limits_out: FloatArray, classes_out: Int8Array,
+) -> Round:
+    """DQoES Algorithm 1 over n slots, written into limits_out, classes_out and ws.q (= q_i).
+    All arrays have shape (n,); limits_out may be `limit` (each slot reads only its own
+    limit, before writing it). Allocates no arrays."""
+    q, x, y, valid, g, s, b = ws.q, ws.x, ws.y, ws.valid, ws.g, ws.s, ws.b
+    n = q.shape[0]
+
+    # Classify. NaN compares false, so only the valid mask keeps idle slots out of G and B.
+    np.subtract(target, measured, out=q)
+    np.isfinite(q, out=valid)
+    np.isfinite(usage, out=s)
+    np.logical_and(valid, s, out=valid)
+    np.multiply(target, alpha, out=x)  # the tolerance alpha·o
+    np.greater(q, x, out=g)
+    np.logical_and(g, valid, out=g)
+    np.negative(x, out=x)
+    np.less(q, x, out=b)
+    np.logical_and(b, valid, out=b)
+    np.logical_or(g, b, out=s)
+    np.logical_xor(s, valid, out=s)  # valid and neither G nor B (G and B lie inside valid)
+
+    totals = Round(
+        q_g=float(np.add.reduce(q, where=g)), q_b=float(np.add.reduce(q, where=b)),
+        r_g=float(np.add.reduce(usage, where=g)), r_b=float(np.add.reduce(usage, where=b)),
+        satisfied=int(np.count_nonzero(s)),
+    )
+
+    classes_out.fill(Cls.IDLE)
+    np.copyto(classes_out, Cls.G, where=g)
+    np.copyto(classes_out, Cls.S, where=s)
+    np.copyto(classes_out, Cls.B, where=b)
+
+    np.copyto(limits_out, limit)  # S and idle keep theirs
+    if totals.q_g > 0.0:  # G is not empty
+        step = totals.r_g * beta / totals.q_g
+        np.minimum(limit, usage, out=x, where=g)  # the limit that binds
+        np.multiply(q, step, out=y, where=g)
+        np.subtract(1.0, y, out=y, where=g)
+        np.multiply(x, y, out=x, where=g)
+        np.maximum(x, 0.5 / n, out=limits_out, where=g)
+    if totals.q_b < 0.0:  # B is not empty
+        step = totals.r_g * beta / totals.q_b  # ≤ 0, and so is q_i: the factor is ≥ 1
+        np.multiply(q, step, out=y, where=b)
+        np.add(1.0, y, out=y, where=b)
+        np.multiply(limit, y, out=y, where=b)
+        np.minimum(y, T_R, out=limits_out, where=b)
+    return totals
+
+
+def algorithm1(
+    target: npt.ArrayLike, measured: npt.ArrayLike, usage: npt.ArrayLike,
+    limit: npt.ArrayLike, alpha: float = 0.10, beta: float = 0.10,
+) -> tuple[FloatArray, Int8Array, Round]:
+    """Algorithm 1 on fresh arrays (tests, benchmarks): (new limits, classes, totals)."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in (target, measured, usage, limit)]
+    n = arrays[0].shape[0]
+    limits, classes = np.empty(n), np.empty(n, dtype=np.int8)
+    totals = algorithm1_into(*arrays, alpha=alpha, beta=beta, ws=Workspace.sized(n),
+                             limits_out=limits, classes_out=classes)
+    return limits, classes, totals
+
+
+class Listener:
+    """DQoES Algorithm 2: when the next round is due, with exponential back-off."""
+
+    def __init__(self, iv_initial: float = 10.0, iv_max: float = 160.0) -> None:
+        if not 0.0 < iv_initial <= iv_max < math.inf:
+            raise ValueError(f"need 0 < iv_initial <= iv_max < inf, got {iv_initial}, {iv_max}")
+        self.iv_initial = iv_initial
+        self.iv_max = iv_max
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to IV_initial, forget the series, and be due at once."""
+        self._interval = self.iv_initial
+        self._streak = 0  # the paper's i: shrinking rounds in a row
+        self._last: tuple[float, float, int] | None = None  # (Q_G, Q_B, |S|) of the last round
+        self.next_run = -math.inf
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    def observe(self, q_g: float, q_b: float, satisfied: int) -> bool:
+        """Feed one round's (Q_G, Q_B, |S|). True when the steady state broke (|S| fell):
+        the interval went back to IV_initial."""
+        last, self._last = self._last, (q_g, q_b, satisfied)
+        if last is not None and q_g < last[0] and q_b > last[1]:
+            self._streak += 1
+            if self._streak > 2:
+                self._interval = min(2.0 * self._interval, self.iv_max)
+                self._streak = 0
+            return False
+        self._streak = 0
+        if last is not None and satisfied < last[2]:
+            self._interval = self.iv_initial
+            return True
+        return False
+
+    def schedule(self, now: float) -> None:
+        """A round ran at `now`: the next is due one interval later."""
+        self.next_run = now + self._interval
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_run
+
+
+class DQoES:
+    """The DQoES policy: Algorithm 1 each round, Algorithm 2 to space the rounds."""
+
+    name = "dqoes"
+
+    def __init__(self, alpha: float = 0.10, beta: float = 0.10,
+                 iv_initial: float = 10.0, iv_max: float = 160.0) -> None:
+        if not 0.0 <= alpha < math.inf:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if not 0.0 < beta <= 1.0:
+            raise ValueError(f"beta must be in (0, 1], got {beta}")
+        self.alpha = alpha
+        self.beta = beta
+        self.listener = Listener(iv_initial, iv_max)
+        self.resize(0)
+
+    def resize(self, n: int) -> None:
+        self._ws = Workspace.sized(n)
+        self._decision = Decision(limits=np.zeros(n), classes=np.zeros(n, dtype=np.int8),
+                                  score=self._ws.q)
+        self.reset()
+
+    def reset(self) -> None:
+        self.listener.reset()
+
+    def initial_limits(self, usage: FloatArray) -> FloatArray:
+        even = T_R / max(self._ws.q.shape[0], 1)
+        return np.minimum(np.fmax(usage, even), T_R)
+
+    def due(self, now: float) -> bool:
+        return self.listener.due(now)
+
+    def decide(self, obs: Observation, now: float) -> Decision | None:
+        if not self.listener.due(now):
+            return None
+        d = self._decision
+        n = d.limits.shape[0]
+        for a in (obs.target, obs.measured, obs.usage, obs.limit):
+            if a.shape != (n,):
+                raise ValueError(f"observation arrays must have shape ({n},), got {a.shape}")
+        totals = algorithm1_into(obs.target, obs.measured, obs.usage, obs.limit,
+                                 alpha=self.alpha, beta=self.beta, ws=self._ws,
+                                 limits_out=d.limits, classes_out=d.classes)
+        self.listener.observe(totals.q_g, totals.q_b, totals.satisfied)
+        self.listener.schedule(now)
+        d.totals = totals._asdict()
+        d.interval = self.listener.interval
+        return d
