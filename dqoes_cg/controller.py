@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .cgroup import DOCKER_ROOT, CgroupError, find_cgroup2_mount, require_cpu_controller, resolve
-from .cgtable import PERIOD_UNKNOWN, CgroupTable, Status
+from .cgtable import LEAVE_ALONE, PERIOD_UNKNOWN, CgroupTable, Status
 from .control import Peer, RequestError
 from .policy import Cls, DQoES, Observation, Policy
 from .ring import DEFAULT_CAPACITY, RingSet, create_ring, ring_path
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 PERIOD_USEC = 100_000
 MIN_QUOTA_USEC = 1_000
-LEAVE_ALONE = 0  # a requested cpu.max period of 0: the table does not touch that slot
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -172,7 +171,7 @@ class Fleet:
         f, t = self._f, self.table
         np.multiply(self.limit, self.cpus * PERIOD_USEC, out=f)
         np.rint(f, out=f)
-        np.fmax(f, MIN_QUOTA_USEC, out=f)  # NaN stays NaN
+        np.maximum(f, MIN_QUOTA_USEC, out=f)  # NaN (never set) stays NaN
         np.isfinite(f, out=self._mask)
         if mask is not None:
             np.logical_and(self._mask, mask, out=self._mask)

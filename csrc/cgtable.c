@@ -1,0 +1,323 @@
+/* A table of cgroup v2 directories: see cgtable.h.
+ *
+ * The files are kernel-generated, but the daemon runs as root beside untrusted containers,
+ * so everything read is parsed strictly by hand into bounded buffers, nothing is opened
+ * through a symlink, and a file that is not a regular file (a FIFO that would block) is
+ * refused at open.
+ */
+#define _GNU_SOURCE
+#include "cgtable.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* cpu.stat is about 250 bytes on current kernels; a full buffer means we may have lost
+ * its end, which is reported as malformed rather than parsed. */
+#define STAT_BUF 4096
+#define MAX_BUF 64
+
+struct dq_cgentry {
+    int stat_fd; /* >= 0: open descriptor; < 0: -errno of the failed open */
+    int max_fd;
+    int err;     /* errno behind the last non-OK status */
+};
+
+struct dq_cgtable {
+    size_t n;
+    struct dq_cgentry e[];
+};
+
+/* Opens path relative to dirfd without following any symlink. openat2 also refuses
+ * symlinks in the middle of the path and ".." escapes; where the kernel or a seccomp
+ * filter lacks it, O_NOFOLLOW still guards the last component. */
+static int open_nofollow(int dirfd, const char *path, int flags)
+{
+    static int no_openat2;
+
+    flags |= O_CLOEXEC;
+    if (!no_openat2) {
+        struct open_how how = {
+            .flags = (uint64_t)flags,
+            .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+                       (dirfd == AT_FDCWD ? 0 : RESOLVE_BENEATH),
+        };
+        int fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+        if (fd >= 0 || (errno != ENOSYS && errno != EPERM))
+            return fd;
+        no_openat2 = 1;
+    }
+    return openat(dirfd, path, flags | O_NOFOLLOW);
+}
+
+/* Returns a descriptor to the regular file dirfd/name, or -errno. */
+static int open_file(int dirfd, const char *name, int flags)
+{
+    struct stat st;
+    int fd = open_nofollow(dirfd, name, flags | O_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    int err = fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;
+    if (err) {
+        close(fd);
+        return -err;
+    }
+    return fd;
+}
+
+static void open_entry(struct dq_cgentry *e, const char *dir)
+{
+    int dirfd = open_nofollow(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY);
+    if (dirfd < 0) {
+        e->err = errno;
+        e->stat_fd = e->max_fd = -e->err;
+        return;
+    }
+    e->stat_fd = open_file(dirfd, "cpu.stat", O_RDONLY);
+    e->max_fd = open_file(dirfd, "cpu.max", O_RDWR);
+    e->err = e->stat_fd < 0 ? -e->stat_fd : e->max_fd < 0 ? -e->max_fd : 0;
+    close(dirfd);
+}
+
+dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n)
+{
+    if (n > (SIZE_MAX - sizeof(dq_cgtable)) / sizeof(struct dq_cgentry))
+        return NULL;
+    dq_cgtable *t = malloc(sizeof *t + n * sizeof t->e[0]);
+    if (!t)
+        return NULL;
+    t->n = n;
+    for (size_t i = 0; i < n; i++)
+        open_entry(&t->e[i], dirs[i]);
+    return t;
+}
+
+void dq_cgtable_close(dq_cgtable *t)
+{
+    if (!t)
+        return;
+    for (size_t i = 0; i < t->n; i++) {
+        if (t->e[i].stat_fd >= 0)
+            close(t->e[i].stat_fd);
+        if (t->e[i].max_fd >= 0)
+            close(t->e[i].max_fd);
+    }
+    free(t);
+}
+
+/* Records err as the entry's outcome and returns the matching status. A cgroup removed
+ * under an open descriptor answers ENODEV. */
+static int32_t settle(struct dq_cgentry *e, int err)
+{
+    e->err = err;
+    switch (err) {
+    case 0:
+        return DQ_CG_OK;
+    case ENOENT:
+    case ENODEV:
+    case ESTALE:
+        return DQ_CG_GONE;
+    case EBADMSG:
+        return DQ_CG_MALFORMED;
+    default:
+        return DQ_CG_ERROR;
+    }
+}
+
+/* Reads the whole file from offset 0. Returns its length, or -errno; content that fills
+ * the buffer may be truncated and counts as malformed. */
+static ssize_t read_all(int fd, char *buf, size_t cap)
+{
+    ssize_t n;
+    do
+        n = pread(fd, buf, cap, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    return (size_t)n < cap ? n : -EBADMSG;
+}
+
+/* Parses the decimal digits at p (at least one, no sign) that fit in a uint64_t.
+ * Returns the first byte after them, or NULL. */
+static const char *parse_u64(const char *p, const char *end, uint64_t *out)
+{
+    const char *start = p;
+    uint64_t v = 0;
+    for (; p < end && *p >= '0' && *p <= '9'; p++) {
+        unsigned digit = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - digit) / 10)
+            return NULL;
+        v = v * 10 + digit;
+    }
+    if (p == start)
+        return NULL;
+    *out = v;
+    return p;
+}
+
+enum { USAGE, THROTTLED, PERIODS, NR_THROTTLED, NKEYS };
+
+static const struct {
+    const char *name;
+    size_t len;
+} stat_keys[NKEYS] = {
+    [USAGE] = {"usage_usec", 10},
+    [THROTTLED] = {"throttled_usec", 14},
+    [PERIODS] = {"nr_periods", 10},
+    [NR_THROTTLED] = {"nr_throttled", 12},
+};
+
+/* Parses "key value\n" lines in any order. Unknown keys are skipped; each known key must
+ * appear exactly once with a plain decimal value. Returns 0 or EBADMSG. */
+static int parse_cpu_stat(const char *buf, size_t len, uint64_t out[NKEYS])
+{
+    const char *p = buf, *end = buf + len;
+    unsigned seen = 0;
+
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol)
+            eol = end;
+        const char *space = memchr(p, ' ', (size_t)(eol - p));
+        if (!space)
+            return EBADMSG;
+        for (int k = 0; k < NKEYS; k++) {
+            if ((size_t)(space - p) != stat_keys[k].len ||
+                memcmp(p, stat_keys[k].name, stat_keys[k].len) != 0)
+                continue;
+            if (seen & (1u << k) || parse_u64(space + 1, eol, &out[k]) != eol)
+                return EBADMSG;
+            seen |= 1u << k;
+        }
+        p = eol == end ? end : eol + 1;
+    }
+    return seen == (1u << NKEYS) - 1 ? 0 : EBADMSG;
+}
+
+/* Parses "max <period>" or "<quota> <period>", the single line the kernel writes; what
+ * follows that line is ignored. Returns 0 or EBADMSG. */
+static int parse_cpu_max(const char *buf, size_t len, int64_t *quota, int64_t *period)
+{
+    const char *end = memchr(buf, '\n', len);
+    const char *p = buf;
+    uint64_t q = 0, per = 0;
+
+    if (!end)
+        end = buf + len;
+    if (end - p >= 3 && memcmp(p, "max", 3) == 0) {
+        q = UINT64_MAX;
+        p += 3;
+    } else if (!(p = parse_u64(p, end, &q)) || q > INT64_MAX) {
+        return EBADMSG;
+    }
+    if (p == end || *p != ' ')
+        return EBADMSG;
+    if (parse_u64(p + 1, end, &per) != end || per == 0 || per > INT64_MAX)
+        return EBADMSG;
+    *quota = q == UINT64_MAX ? -1 : (int64_t)q;
+    *period = (int64_t)per;
+    return 0;
+}
+
+size_t dq_cgtable_sample(dq_cgtable *t, uint64_t *usage_usec, uint64_t *throttled_usec,
+                         uint64_t *nr_periods, uint64_t *nr_throttled, int32_t *status)
+{
+    char buf[STAT_BUF];
+    size_t ok = 0;
+
+    for (size_t i = 0; i < t->n; i++) {
+        struct dq_cgentry *e = &t->e[i];
+        uint64_t v[NKEYS] = {0};
+        ssize_t n = e->stat_fd < 0 ? e->stat_fd : read_all(e->stat_fd, buf, sizeof buf);
+        int err = n < 0 ? (int)-n : parse_cpu_stat(buf, (size_t)n, v);
+        status[i] = settle(e, err);
+        if (err)
+            continue;
+        usage_usec[i] = v[USAGE];
+        throttled_usec[i] = v[THROTTLED];
+        nr_periods[i] = v[PERIODS];
+        nr_throttled[i] = v[NR_THROTTLED];
+        ok++;
+    }
+    return ok;
+}
+
+/* Writes one cpu.max value. Returns 0 or an errno. */
+static int write_cpu_max(int fd, int64_t quota, int64_t period)
+{
+    char buf[MAX_BUF];
+    int len = quota < 0 ? snprintf(buf, sizeof buf, "max %" PRId64 "\n", period)
+                        : snprintf(buf, sizeof buf, "%" PRId64 " %" PRId64 "\n", quota, period);
+    ssize_t n;
+
+    if (len < 0 || (size_t)len >= sizeof buf)
+        return EINVAL;
+    do
+        n = pwrite(fd, buf, (size_t)len, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno;
+    return n == len ? 0 : EIO;
+}
+
+size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t *period_usec,
+                        int64_t *last_quota_usec, int64_t *last_period_usec, int32_t *status)
+{
+    size_t written = 0;
+
+    for (size_t i = 0; i < t->n; i++) {
+        struct dq_cgentry *e = &t->e[i];
+        int64_t quota = quota_usec[i] < 0 ? -1 : quota_usec[i];
+        int64_t period = period_usec[i];
+        int err;
+
+        if (period == 0) /* the caller leaves this cgroup's limit alone */
+            continue;
+        if (e->max_fd < 0)
+            err = -e->max_fd;
+        else if (period < 0)
+            err = EINVAL;
+        else if (quota == last_quota_usec[i] && period == last_period_usec[i])
+            err = 0;
+        else if ((err = write_cpu_max(e->max_fd, quota, period)) == 0) {
+            last_quota_usec[i] = quota;
+            last_period_usec[i] = period;
+            written++;
+        }
+        status[i] = settle(e, err);
+    }
+    return written;
+}
+
+size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_usec,
+                            int32_t *status)
+{
+    char buf[MAX_BUF];
+    size_t ok = 0;
+
+    for (size_t i = 0; i < t->n; i++) {
+        struct dq_cgentry *e = &t->e[i];
+        int64_t quota = 0, period = 0;
+        ssize_t n = e->max_fd < 0 ? e->max_fd : read_all(e->max_fd, buf, sizeof buf);
+        int err = n < 0 ? (int)-n : parse_cpu_max(buf, (size_t)n, &quota, &period);
+        status[i] = settle(e, err);
+        if (err)
+            continue;
+        quota_usec[i] = quota;
+        period_usec[i] = period;
+        ok++;
+    }
+    return ok;
+}
+
+int dq_cgtable_errno(const dq_cgtable *t, size_t i)
+{
+    return i < t->n ? t->e[i].err : 0;
+}

@@ -1,0 +1,47 @@
+/* A table of cgroup v2 directories, opened once and then sampled and limited in one call
+ * per operation for all of them.
+ *
+ * Each entry keeps a descriptor to its cgroup's cpu.stat (read) and cpu.max (read/write);
+ * one entry that cannot be opened, vanishes or holds something unexpected never fails the
+ * batch: every operation fills a per-entry status instead. The arrays passed to the
+ * operations are owned by the caller and have one element per entry.
+ */
+#ifndef DQOES_CGTABLE_H
+#define DQOES_CGTABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Per-entry status. */
+#define DQ_CG_OK 0        /* done (for apply: written, or already holding that value) */
+#define DQ_CG_GONE 1      /* the cgroup (or its file) no longer exists */
+#define DQ_CG_MALFORMED 2 /* the file's content could not be parsed */
+#define DQ_CG_ERROR 3     /* any other failure; dq_cgtable_errno() tells which */
+
+typedef struct dq_cgtable dq_cgtable;
+
+/* Opens the n directories. Returns NULL only when out of memory; an entry that failed to
+ * open reports its status on every later operation. */
+dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n);
+void dq_cgtable_close(dq_cgtable *t);
+
+/* Reads cpu.stat of every entry. Where status is OK the four counters are updated; other
+ * entries keep their previous values. Returns the number of OK entries. */
+size_t dq_cgtable_sample(dq_cgtable *t, uint64_t *usage_usec, uint64_t *throttled_usec,
+                         uint64_t *nr_periods, uint64_t *nr_throttled, int32_t *status);
+
+/* Writes "<quota> <period>" (quota < 0: "max <period>") to cpu.max where (quota, period)
+ * differs from (last_quota, last_period), and records what was written there. A
+ * last_period of 0 means "unknown" and forces the write. A requested period of 0 leaves
+ * the entry alone (not written, status unchanged). Returns the number written. */
+size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t *period_usec,
+                        int64_t *last_quota_usec, int64_t *last_period_usec, int32_t *status);
+
+/* Reads cpu.max of every entry: quota -1 stands for "max". Returns the number of OK entries. */
+size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_usec,
+                            int32_t *status);
+
+/* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0. */
+int dq_cgtable_errno(const dq_cgtable *t, size_t i);
+
+#endif

@@ -1,0 +1,371 @@
+"""The cgroup v2 layer off the hot path: find the mount, check the cpu controller, and
+resolve what a user names as a container to its cgroup directory.
+
+A name is, in this order of recognition:
+  - a cgroup path (it contains a "/"): relative to the mount, or absolute under it;
+  - a PID (up to 7 digits, pid_max's limit), through /proc/PID/cgroup;
+  - a systemd unit of the system manager (ends in .service, .scope or .slice);
+  - a container: its full ID, its Docker name (from Docker's own state on disk), or a
+    unique ID prefix, found in the cgroup tree under the usual layouts of Docker (systemd
+    and cgroupfs drivers), Podman, and Kubernetes under containerd or CRI-O.
+Every function takes the roots it reads (mount, /proc, Docker's root) as parameters, so
+that it can be tested on a fake tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path, PurePosixPath
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+PROC = Path("/proc")
+DOCKER_ROOT = Path("/var/lib/docker")
+SYSFS_CGROUP = Path("/sys/fs/cgroup")
+
+MAX_DEPTH = 10
+"""Deepest cgroup searched below the mount (Kubernetes containers sit at depth 4-5)."""
+MAX_CGROUPS = 50_000
+"""Most cgroups searched before giving up on a name; real hosts hold a few thousand."""
+MAX_PID_DIGITS = 7  # pid_max is at most 2**22
+MAX_CONFIG_BYTES = 4 << 20  # Docker's config.v2.json; a few KB in practice
+MAX_LISTED = 8  # candidates named in an error message
+
+UNIT_SUFFIXES = (".service", ".scope", ".slice")
+_ID = r"[0-9a-f]{64}"
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+class CgroupError(Exception):
+    """A one-line message saying what is wrong and, where possible, how to fix it."""
+
+
+class Kind(StrEnum):
+    """How a name was resolved: its form, or the container layout it was found under."""
+
+    PATH = "path"
+    PID = "pid"
+    SYSTEMD_UNIT = "systemd-unit"
+    DOCKER = "docker"
+    PODMAN = "podman"
+    CRI = "cri"
+    CONTAINER = "container"  # a bare container ID under no layout we know
+
+
+_LAYOUTS = (
+    # (cgroup directory name, kind; None: decided by the parents)
+    (re.compile(rf"docker-({_ID})\.scope"), Kind.DOCKER),
+    (re.compile(rf"libpod-({_ID})(?:\.scope)?"), Kind.PODMAN),
+    (re.compile(rf"(?:cri-containerd|crio)-({_ID})\.scope"), Kind.CRI),
+    (re.compile(rf"({_ID})"), None),
+)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    path: Path  # the absolute cgroup directory
+    display: str  # a short name for messages and listings
+    kind: Kind
+    unit: str | None = None  # the system manager's unit owning the cgroup, if it is one
+    container_id: str | None = None
+
+    @property
+    def is_systemd_unit(self) -> bool:
+        return self.unit is not None
+
+
+# --- the mount ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    root: str  # the directory of the filesystem that is mounted
+    mount_point: Path
+    fstype: str
+    super_options: tuple[str, ...]
+
+
+def _unescape(field: bytes) -> str:
+    """Undoes mountinfo's octal escapes (space, tab, newline, backslash)."""
+    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8) & 0xFF]), field)
+    return os.fsdecode(raw)
+
+
+def parse_mountinfo(data: bytes) -> list[MountEntry]:
+    """Parses /proc/PID/mountinfo (proc(5)); lines it cannot read are skipped."""
+    entries = []
+    for line in data.splitlines():
+        fields = line.split(b" ")
+        try:
+            sep = fields.index(b"-", 6)
+        except ValueError:
+            continue
+        if len(fields) < sep + 4:
+            continue
+        entries.append(MountEntry(
+            root=_unescape(fields[3]),
+            mount_point=Path(_unescape(fields[4])),
+            fstype=os.fsdecode(fields[sep + 1]),
+            super_options=tuple(os.fsdecode(fields[sep + 3]).split(",")),
+        ))
+    return entries
+
+
+def _read_mountinfo(mountinfo: Path) -> list[MountEntry]:
+    try:
+        return parse_mountinfo(mountinfo.read_bytes())
+    except OSError as e:
+        raise CgroupError(f"cannot read {mountinfo}: {e.strerror}") from None
+
+
+def find_cgroup2_mount(mountinfo: Path = MOUNTINFO) -> Path:
+    """Returns the mount point of the whole cgroup v2 hierarchy."""
+    entries = _read_mountinfo(mountinfo)
+    v2 = [e for e in entries if e.fstype == "cgroup2"]
+    whole = [e for e in v2 if e.root == "/"]
+    if whole:
+        preferred = [e for e in whole if e.mount_point == SYSFS_CGROUP]
+        return (preferred or whole)[0].mount_point
+    if v2:
+        raise CgroupError(f"cgroup2 is mounted only as a subtree ({v2[0].root} at "
+                          f"{v2[0].mount_point}); dqoes-cg needs the whole hierarchy")
+    if any(e.fstype == "cgroup" for e in entries):
+        raise CgroupError("this host has only cgroup v1 hierarchies; dqoes-cg is a cgroup v2 "
+                          "controller: boot with systemd.unified_cgroup_hierarchy=1")
+    raise CgroupError("no cgroup2 filesystem is mounted; mount one with "
+                      "`mount -t cgroup2 none /sys/fs/cgroup`")
+
+
+def _controllers(path: Path) -> set[str]:
+    """The controllers listed in a cgroup.controllers or cgroup.subtree_control file."""
+    try:
+        return set(path.read_text().split())
+    except OSError:
+        return set()
+
+
+def require_cpu_controller(cgroup: Path, mount: Path, mountinfo: Path = MOUNTINFO) -> None:
+    """Checks that `cgroup` (under `mount`) gets the cpu controller from its parent, and
+    says how to fix it when it does not."""
+    if cgroup == mount:
+        raise CgroupError(f"{cgroup} is the root cgroup, which has no cpu.max; "
+                          "name a cgroup below it")
+    parent = cgroup.parent
+    if "cpu" in _controllers(parent / "cgroup.subtree_control"):
+        return
+    if "cpu" not in _controllers(mount / "cgroup.controllers"):
+        v1 = [e.mount_point for e in _read_mountinfo(mountinfo)
+              if e.fstype == "cgroup" and "cpu" in e.super_options]
+        where = f"; it is bound to the cgroup v1 hierarchy at {v1[0]}" if v1 else ""
+        raise CgroupError(
+            f"the cpu controller is not available on the cgroup2 mount {mount}{where}: boot "
+            "with systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all")
+    try:
+        rel = parent.relative_to(mount)
+    except ValueError:
+        raise CgroupError(f"{cgroup} is not under the cgroup2 mount {mount}") from None
+    chain = [mount / PurePosixPath(*rel.parts[:i]) for i in range(len(rel.parts) + 1)]
+    first = next(i for i, d in enumerate(chain)
+                 if "cpu" not in _controllers(d / "cgroup.subtree_control"))
+    fix = "; ".join(f"echo +cpu > {d / 'cgroup.subtree_control'}" for d in chain[first:])
+    if parent.name.endswith(".slice"):  # systemd manages it and may undo a manual fix
+        fix += f" (or, lasting: systemctl set-property {cgroup.name} CPUAccounting=yes)"
+    raise CgroupError(f"the cpu controller is not enabled for the children of {parent} "
+                      f"(needed by {cgroup.name}); enable it with: {fix}")
+
+
+# --- names ----------------------------------------------------------------------------
+
+
+def resolve(name: str, mount: Path | None = None, *, proc: Path = PROC,
+            docker_root: Path = DOCKER_ROOT, max_depth: int = MAX_DEPTH,
+            max_cgroups: int = MAX_CGROUPS) -> Resolved:
+    """Resolves `name` (see the module's docstring) to an existing cgroup directory."""
+    if not name or "\0" in name or len(name) > 4096:
+        raise CgroupError(f"{name[:64]!r} is not a cgroup, container, unit or PID name")
+    if mount is None:
+        mount = find_cgroup2_mount()
+    if "/" in name:
+        return _resolve_path(name, mount)
+    if name.isascii() and name.isdigit() and len(name) <= MAX_PID_DIGITS:
+        return _resolve_pid(name, mount, proc)
+    tree = _walk(mount, max_depth, max_cgroups)
+    if name.endswith(UNIT_SUFFIXES):
+        return _resolve_unit(name, mount, tree)
+    return _resolve_container(name, mount, tree, docker_root)
+
+
+def _systemd_unit(rel: PurePosixPath) -> str | None:
+    """The unit name if `rel` is a cgroup of the system manager: a unit directly in a slice
+    (the user managers' units, under user@UID.service, are not)."""
+    if rel.name.endswith(UNIT_SUFFIXES) and all(p.endswith(".slice") for p in rel.parts[:-1]):
+        return rel.name
+    return None
+
+
+def _cgroup_path(rel: PurePosixPath) -> str:
+    """How /proc/PID/cgroup writes the cgroup: absolute from the mount."""
+    return "/" + rel.as_posix() if rel.parts else "/"
+
+
+def _require_cgroup(mount: Path, rel: PurePosixPath, what: str) -> Path:
+    if ".." in rel.parts:
+        raise CgroupError(f"{what} lies outside the cgroup2 mount {mount}")
+    path = mount / rel
+    if path.is_symlink() or not (path / "cgroup.procs").is_file():
+        raise CgroupError(f"{what}: no cgroup at {path}")
+    return path
+
+
+def _resolve_path(name: str, mount: Path) -> Resolved:
+    given = PurePosixPath(name)
+    if given.is_absolute() and (given == mount or mount in given.parents):
+        rel = given.relative_to(mount)
+    else:
+        rel = PurePosixPath(name.lstrip("/"))
+    path = _require_cgroup(mount, rel, f"cgroup path {name!r}")
+    return Resolved(path, _cgroup_path(rel), Kind.PATH, unit=_systemd_unit(rel))
+
+
+def _resolve_pid(pid: str, mount: Path, proc: Path) -> Resolved:
+    try:
+        lines = (proc / pid / "cgroup").read_text().splitlines()
+    except FileNotFoundError:
+        raise CgroupError(f"no process with PID {pid}") from None
+    except OSError as e:
+        raise CgroupError(f"cannot read {proc / pid / 'cgroup'}: {e.strerror}") from None
+    v2 = [line[3:] for line in lines if line.startswith("0::")]
+    if not v2:
+        raise CgroupError(f"process {pid} is in no cgroup v2 hierarchy")
+    rel = PurePosixPath(v2[0].lstrip("/"))
+    path = _require_cgroup(mount, rel, f"process {pid}'s cgroup {v2[0]}")
+    container = _container_in(rel)
+    return Resolved(path, _cgroup_path(rel), Kind.PID, unit=_systemd_unit(rel),
+                    container_id=container.id if container else None)
+
+
+def _walk(mount: Path, max_depth: int, max_cgroups: int) -> list[PurePosixPath]:
+    """Every cgroup below `mount` (relative paths), at most `max_depth` levels down."""
+    found: list[PurePosixPath] = []
+    pending = [(PurePosixPath(), 0)]
+    while pending:
+        rel, depth = pending.pop()
+        try:
+            with os.scandir(mount / rel) as entries:
+                children = [rel / e.name for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:  # removed while we walk
+            continue
+        found += children
+        if len(found) > max_cgroups:
+            raise CgroupError(f"more than {max_cgroups} cgroups under {mount}: "
+                              "name the cgroup by its path instead")
+        if depth + 1 < max_depth:
+            pending += [(child, depth + 1) for child in children]
+    return found
+
+
+def _resolve_unit(name: str, mount: Path, tree: list[PurePosixPath]) -> Resolved:
+    matches = [rel for rel in tree if rel.name == name and _systemd_unit(rel)]
+    if not matches:
+        raise CgroupError(f"no systemd unit {name!r} has a cgroup under {mount}: "
+                          "is it running?")
+    if len(matches) > 1:
+        raise CgroupError(f"unit {name!r} is ambiguous: "
+                          + _listing([_cgroup_path(m) for m in matches]))
+    rel = matches[0]
+    container = _container_in(rel)
+    return Resolved(mount / rel, name, Kind.SYSTEMD_UNIT, unit=name,
+                    container_id=container.id if container else None)
+
+
+@dataclass(frozen=True)
+class _Container:
+    id: str
+    kind: Kind
+    rel: PurePosixPath
+
+    def __str__(self) -> str:
+        return f"{self.id[:12]} ({self.kind})"
+
+
+def _container_in(rel: PurePosixPath) -> _Container | None:
+    """The container whose cgroup `rel` is, if it is one under a layout we know."""
+    for pattern, kind in _LAYOUTS:
+        match = pattern.fullmatch(rel.name)
+        if not match:
+            continue
+        if kind is None:  # a cgroupfs driver: docker/<id>, kubepods/.../pod<uid>/<id>
+            kind = (Kind.DOCKER if rel.parent.name == "docker"
+                    else Kind.CRI if any(p.startswith("kubepods") for p in rel.parts)
+                    else Kind.CONTAINER)
+        return _Container(match[1], kind, rel)
+    return None
+
+
+def _resolve_container(name: str, mount: Path, tree: list[PurePosixPath],
+                       docker_root: Path) -> Resolved:
+    containers = [c for c in map(_container_in, tree) if c]
+    matches = [c for c in containers if c.id == name]
+    display = None
+    if not matches:
+        docker_id = _docker_id_by_name(name, docker_root)
+        if docker_id:
+            matches = [c for c in containers if c.id == docker_id]
+            if not matches:
+                raise CgroupError(f"Docker container {name!r} ({docker_id[:12]}) has no "
+                                  f"cgroup under {mount}: is it running?")
+            display = name
+    if not matches and _HEX.fullmatch(name):
+        matches = [c for c in containers if c.id.startswith(name)]
+    if len(matches) > 1:
+        raise CgroupError(f"{name!r} is ambiguous: it matches " + _listing(matches))
+    if not matches:
+        known = _listing(containers) if containers else "none found"
+        raise CgroupError(f"no container, unit or PID named {name!r} (containers: {known}; "
+                          "name a cgroup path with a '/')")
+    c = matches[0]
+    if display is None:
+        display = (c.kind == Kind.DOCKER and _docker_name(c.id, docker_root)) or c.id[:12]
+    return Resolved(mount / c.rel, display, c.kind, unit=_systemd_unit(c.rel),
+                    container_id=c.id)
+
+
+def _listing(items: list) -> str:
+    shown = ", ".join(str(i) for i in items[:MAX_LISTED])
+    more = len(items) - MAX_LISTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+# --- Docker's own state: <root>/containers/<id>/config.v2.json, "Name": "/<name>" ---------
+
+
+def _docker_name(container_id: str, docker_root: Path, hint: bytes = b"") -> str | None:
+    """The container's name, or None when unreadable or (a cheap filter before parsing
+    JSON) when its config does not contain `hint`."""
+    try:
+        with open(docker_root / "containers" / container_id / "config.v2.json", "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_CONFIG_BYTES or hint not in data:
+        return None
+    try:
+        config = json.loads(data)
+    except ValueError:
+        return None
+    name = config.get("Name") if isinstance(config, dict) else None
+    return name[1:] if isinstance(name, str) and name.startswith("/") else None
+
+
+def _docker_id_by_name(name: str, docker_root: Path) -> str | None:
+    """The ID of the Docker container called `name`, or None."""
+    try:
+        with os.scandir(docker_root / "containers") as entries:
+            ids = [e.name for e in entries if re.fullmatch(_ID, e.name)][:MAX_CGROUPS]
+    except OSError:
+        return None
+    hint = json.dumps("/" + name).encode()  # Docker's names need no JSON escapes
+    return next((i for i in ids if _docker_name(i, docker_root, hint) == name), None)

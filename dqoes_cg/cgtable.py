@@ -1,0 +1,200 @@
+"""A table of cgroups sampled and limited in one C call per operation (sense and act I/O).
+
+`CgroupTable(dirs)` opens each cgroup's cpu.stat and cpu.max once and owns one numpy array
+per quantity, indexed by slot (the position in `dirs`). The per-tick methods pass cached
+pointers to those arrays to C and allocate nothing; callers read the arrays in place and
+fill requests in place (or pass them to `apply`). Membership changes build a new table.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+from collections.abc import Sequence
+from enum import IntEnum
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from dqoes_cg._native import ffi, lib
+
+
+class Status(IntEnum):
+    """Per-slot outcome of the last operation (the C `DQ_CG_*` codes)."""
+
+    OK = lib.DQ_CG_OK
+    GONE = lib.DQ_CG_GONE
+    MALFORMED = lib.DQ_CG_MALFORMED
+    ERROR = lib.DQ_CG_ERROR
+
+
+MAX_QUOTA = -1
+"""A quota below 0 in `apply` (and -1 from `read_back`) stands for cpu.max's "max"."""
+
+PERIOD_UNKNOWN = 0
+"""A last-written period of 0 means "unknown": the next `apply` writes that slot."""
+
+LEAVE_ALONE = 0
+"""A requested period of 0 in `apply`: that slot's cpu.max is not touched."""
+
+DEFAULT_PERIOD_USEC = 100_000
+
+FDS_PER_CGROUP = 2
+
+_CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
+           np.dtype(np.int32): "int32_t[]"}
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Lifts the soft RLIMIT_NOFILE towards the hard one when `needed` more fds won't fit.
+
+    The usual soft limit (1024) holds only about 500 cgroups at two descriptors each.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    want = in_use + needed + 64
+    if soft != resource.RLIM_INFINITY and want > soft:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+
+
+class _Array:
+    """A per-slot numpy array of `CgroupTable`, readable in place but never rebound
+    (C writes through a pointer to the array allocated at construction)."""
+
+    def __init__(self, dtype: type, fill: int = 0) -> None:
+        self.dtype, self.fill = np.dtype(dtype), fill
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, table: CgroupTable | None, owner: type | None = None) -> np.ndarray:
+        if table is None:
+            raise AttributeError(f"{self.name} is a per-table array")
+        return table._arrays[self.name]
+
+    def __set__(self, table: CgroupTable, value: object) -> None:
+        raise AttributeError(f"{self.name} is filled in place, not rebound")
+
+
+class CgroupTable:
+    """Open cpu.stat/cpu.max descriptors for a fixed list of cgroup directories.
+
+    A slot whose operation failed keeps its previous values in that operation's arrays.
+    """
+
+    # sample(): cpu.stat counters and the per-slot Status
+    usage_usec = _Array(np.uint64)
+    throttled_usec = _Array(np.uint64)
+    nr_periods = _Array(np.uint64)
+    nr_throttled = _Array(np.uint64)
+    status = _Array(np.int32, Status.ERROR)
+    # apply(): the request, what this table last wrote (quota -1: max), the Status
+    quota_usec = _Array(np.int64, MAX_QUOTA)
+    period_usec = _Array(np.int64, DEFAULT_PERIOD_USEC)
+    last_quota_usec = _Array(np.int64, MAX_QUOTA)
+    last_period_usec = _Array(np.int64, PERIOD_UNKNOWN)
+    apply_status = _Array(np.int32, Status.ERROR)
+    # read_back(): cpu.max as found, the Status, and slots that differ from the last write
+    max_quota_usec = _Array(np.int64, MAX_QUOTA)
+    max_period_usec = _Array(np.int64)
+    read_back_status = _Array(np.int32, Status.ERROR)
+    drifted = _Array(np.bool_, False)
+
+    def __init__(self, dirs: Sequence[str | os.PathLike[str]]) -> None:
+        self.dirs: tuple[Path, ...] = tuple(Path(d) for d in dirs)
+        n = len(self.dirs)
+        specs = [a for a in vars(CgroupTable).values() if isinstance(a, _Array)]
+        self._arrays = {a.name: np.full(n, a.fill, a.dtype) for a in specs}
+        self._ptr = {a.name: ffi.from_buffer(_CTYPES[a.dtype], self._arrays[a.name])
+                     for a in specs if a.dtype in _CTYPES}
+        self._scratch = np.zeros(n, bool)
+
+        _raise_fd_limit(FDS_PER_CGROUP * n)
+        paths = [ffi.new("char[]", os.fsencode(d)) for d in self.dirs]
+        table = lib.dq_cgtable_open(ffi.new("char *[]", paths), n)
+        if table == ffi.NULL:
+            raise MemoryError("cannot allocate the cgroup table")
+        self._table = ffi.gc(table, lib.dq_cgtable_close)
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self.dirs)
+
+    def sample(self) -> int:
+        """Reads every cpu.stat into the counter arrays; returns the number of OK slots."""
+        p = self._ptr
+        return lib.dq_cgtable_sample(self._handle(), p["usage_usec"], p["throttled_usec"],
+                                     p["nr_periods"], p["nr_throttled"], p["status"])
+
+    def apply(self, quota_usec: np.ndarray | int | None = None,
+              period_usec: np.ndarray | int | None = None) -> int:
+        """Writes cpu.max where the request differs from the last write; returns the count.
+
+        The request is `quota_usec`/`period_usec` (arrays or scalars, copied into the
+        table's request arrays), or what those arrays already hold when omitted.
+        """
+        if quota_usec is not None:
+            np.copyto(self._arrays["quota_usec"], quota_usec, casting="same_kind")
+        if period_usec is not None:
+            np.copyto(self._arrays["period_usec"], period_usec, casting="same_kind")
+        p = self._ptr
+        return lib.dq_cgtable_apply(self._handle(), p["quota_usec"], p["period_usec"],
+                                    p["last_quota_usec"], p["last_period_usec"],
+                                    p["apply_status"])
+
+    def read_back(self) -> int:
+        """Reads every cpu.max; returns how many slots drifted from what was last written.
+
+        A drifted slot (someone else wrote cpu.max, e.g. systemd on daemon-reload) is
+        flagged in `drifted`; `invalidate(table.drifted)` makes the next `apply` rewrite it.
+        """
+        p = self._ptr
+        lib.dq_cgtable_read_back(self._handle(), p["max_quota_usec"], p["max_period_usec"],
+                                 p["read_back_status"])
+        a, drifted, known = self._arrays, self._arrays["drifted"], self._scratch
+        np.not_equal(a["max_quota_usec"], a["last_quota_usec"], out=drifted)
+        np.not_equal(a["max_period_usec"], a["last_period_usec"], out=known)
+        np.logical_or(drifted, known, out=drifted)
+        np.not_equal(a["last_period_usec"], PERIOD_UNKNOWN, out=known)
+        np.logical_and(drifted, known, out=drifted)
+        np.equal(a["read_back_status"], Status.OK, out=known)
+        np.logical_and(drifted, known, out=drifted)
+        return int(np.count_nonzero(drifted))
+
+    def invalidate(self, mask: np.ndarray | None = None) -> None:
+        """Forgets what was written to the masked slots (all when None), forcing a rewrite."""
+        last_period = self._arrays["last_period_usec"]
+        if mask is None:
+            last_period.fill(PERIOD_UNKNOWN)
+        else:
+            last_period[mask] = PERIOD_UNKNOWN
+
+    def error(self, slot: int) -> str:
+        """Explains the last non-OK status of `slot`, for logs and error messages."""
+        code = lib.dq_cgtable_errno(self._handle(), slot)
+        if code == 0:
+            return "ok"
+        if code == errno.EBADMSG:
+            return "malformed content"
+        return os.strerror(code)
+
+    def close(self) -> None:
+        """Closes every descriptor; the arrays stay readable."""
+        if not self.closed:
+            ffi.release(self._table)
+            self.closed = True
+
+    def _handle(self) -> object:
+        if self.closed:
+            raise ValueError("operation on a closed CgroupTable")
+        return self._table
+
+    def __enter__(self) -> CgroupTable:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

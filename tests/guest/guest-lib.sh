@@ -1,0 +1,65 @@
+# Stage-2 building blocks, sourced by every guest init mode (see README.md).
+# The guest root is the host's / under an overlay, so the host's tools are here; busybox
+# (always present: the initramfs was built from it) covers what a minimal host may lack.
+
+# Values of the kernel command line's "dqoes.$1=" arguments, one per line.
+cmdline_values() {
+    for arg in $(cat /proc/cmdline); do
+        case "$arg" in "dqoes.$1="*) echo "${arg#*=}" ;; esac
+    done
+}
+
+mount_base_filesystems() {
+    # busybox sh runs most applets through /proc/self/exe: /proc first, by absolute path.
+    /bin/busybox mount -t proc -o nosuid,nodev,noexec proc /proc
+    mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
+    mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev
+    mkdir -p /dev/pts /dev/shm
+    mount -t devpts -o nosuid,noexec,gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
+    mount -t tmpfs -o nosuid,nodev shm /dev/shm
+    mount -t tmpfs -o nosuid,nodev,mode=1777 tmp /tmp
+    mount -t tmpfs -o nosuid,nodev,mode=0755 run /run
+}
+
+# A pure cgroup v2 hierarchy with every controller the tests use delegated from the root.
+mount_cgroup2() {
+    mount -t cgroup2 -o nsdelegate,nosuid,nodev,noexec cgroup2 /sys/fs/cgroup
+    echo "+cpuset +cpu +io +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control
+}
+
+setup_network() {
+    busybox hostname dqoes-guest
+    busybox ip link set lo up
+}
+
+# dqoes.share=TAG:PATH:ro|rw:CACHE, one per extra 9p share (the control share among them).
+mount_shares() {
+    msize=$(cmdline_values msize)
+    for share in $(cmdline_values share); do
+        IFS=: read -r tag path mode cache <<SHARE
+$share
+SHARE
+        mkdir -p "$path"
+        mount -t 9p -o "$mode,trans=virtio,version=9p2000.L,msize=$msize,cache=$cache" \
+            "$tag" "$path"
+    done
+}
+
+# The job protocol with the host, in the control directory dqoes.ctl=PATH: run job.sh with
+# its output in stdout/stderr, touch "started" first (the boot is over) and publish the exit
+# status last, atomically, as "exit_code".
+run_job() {
+    ctl=$(cmdline_values ctl)
+    : >"$ctl/started"
+    status=0
+    /bin/sh "$ctl/job.sh" </dev/null >"$ctl/stdout" 2>"$ctl/stderr" || status=$?
+    echo "$status" >"$ctl/exit_code.tmp"
+    mv "$ctl/exit_code.tmp" "$ctl/exit_code"
+}
+
+# Immediate power-off; qemu runs with -no-reboot, so a reboot ends it just as well.
+power_off() {
+    sync
+    busybox poweroff -f
+    busybox reboot -f
+}

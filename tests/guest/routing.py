@@ -1,0 +1,202 @@
+"""Host side of the pytest routing: decide where `kernel` tests run, and stand in for them
+with proxy items when they run in the guest.
+
+One guest serves the whole session. It boots at the first proxy item and runs a single
+`pytest` over all selected kernel tests; report.py writes each result as a JSON line into
+the control share, and each proxy waits for its own line and replays it on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cgroups import cgroup2_cpu_mount
+from .prereqs import missing_guest_packages
+from .report import RESULTS_ENV
+from .vm import POLL_INTERVAL, Guest, GuestConfig, GuestError
+
+FORCE_ENV = "DQOES_TEST_GUEST"  # "1": always use the guest; "0": never
+TIMEOUT_ENV = "DQOES_GUEST_TIMEOUT"  # seconds for the guest's whole test run
+DEFAULT_TIMEOUT = 1800.0
+IN_GUEST_ENV = "DQOES_GUEST"
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where kernel tests go: "host", "guest" or "skip", and why."""
+
+    where: str
+    reason: str
+
+
+def choose_route() -> Route:
+    force = os.environ.get(FORCE_ENV, "")
+    if os.environ.get(IN_GUEST_ENV) == "1":
+        return Route("host", "this is the test guest")
+    if force != "1" and cgroup2_cpu_mount() is not None:
+        return Route("host", "this host has cgroup v2 with the cpu controller")
+    why = f"{FORCE_ENV}=1" if force == "1" else "no cgroup v2 cpu controller on this host"
+    if force == "0":
+        return Route("skip", f"{why} and {FORCE_ENV}=0")
+    missing = missing_guest_packages()
+    if missing:
+        return Route(
+            "skip",
+            f"{why}, and no test guest: missing Debian packages {' '.join(missing)} "
+            "(run tests/guest/install-deps)",
+        )
+    return Route("guest", why)
+
+
+# Markers the guest has already evaluated; the host must not evaluate them again.
+_GUEST_DECIDES = frozenset({"skip", "skipif", "xfail"})
+
+
+class GuestTestFailure(Exception):
+    """A kernel test failed in the guest; the message is the guest's failure text."""
+
+
+class GuestProxy(pytest.Item):
+    """Stands for one kernel test (same node id) and replays its result from the guest."""
+
+    def __init__(self, *, original: pytest.Item, runner: GuestRunner, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.runner = runner
+        self._location = original.reportinfo()
+        self.own_markers.extend(original.own_markers)
+        self.keywords.update(original.keywords)
+
+    def iter_markers_with_node(self, name: str | None = None):  # type: ignore[override]
+        for node, mark in super().iter_markers_with_node(name):
+            if mark.name not in _GUEST_DECIDES:
+                yield node, mark
+
+    def reportinfo(self):  # type: ignore[override]
+        return self._location
+
+    def runtest(self) -> None:
+        result = self.runner.result(self.nodeid)
+        self.user_properties.append(("guest_duration", result["duration"]))
+        outcome = result["outcome"]
+        if outcome == "skipped":  # reported at the test's location, like a skip mark
+            raise pytest.skip.Exception(f"[guest] {result['reason']}", _use_item_location=True)
+        if outcome == "xfailed":
+            pytest.xfail(f"[guest] {result['reason']}")
+        if outcome == "failed":
+            sections = "".join(f"\n{'-' * 20} {title} {'-' * 20}\n{text}"
+                               for title, text in result["sections"])
+            raise GuestTestFailure(f"[guest] {result['crash']}\n{result['longrepr']}{sections}")
+
+    def repr_failure(self, excinfo, style=None):  # type: ignore[override]
+        if excinfo.errisinstance((GuestTestFailure, GuestError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class GuestRunner:
+    """Boots the session's guest on first use and hands out the results it reports."""
+
+    def __init__(self, rootdir: Path, nodeids: list[str]) -> None:
+        self._rootdir = rootdir
+        self._nodeids = nodeids
+        self._guest: Guest | None = None
+        self._results: dict[str, dict[str, Any]] = {}
+        self._offset = 0
+        self._exit_code: int | None = None
+        self._failure: str | None = None
+
+    def result(self, nodeid: str) -> dict[str, Any]:
+        """Wait for the guest's result for `nodeid`. Raises GuestError if the guest died or
+        ended without reporting it."""
+        if self._guest is None:
+            self._start()
+        assert self._guest is not None
+        while nodeid not in self._results:
+            if self._failure is not None:
+                raise GuestError(self._failure)
+            self._read_results()
+            if nodeid in self._results:
+                break
+            if self._exit_code is not None:
+                raise GuestError(
+                    f"the guest's pytest exited with {self._exit_code} without a result for "
+                    f"{nodeid}; its output ended with:\n{self._output_tail()}"
+                )
+            try:
+                self._exit_code = self._guest.poll()
+            except GuestError as e:
+                self._failure = f"{e}\n--- guest pytest output ---\n{self._output_tail()}"
+                continue
+            if self._exit_code is None:
+                time.sleep(POLL_INTERVAL)
+            else:
+                self._read_results()
+        return self._results.pop(nodeid)
+
+    def close(self) -> None:
+        if self._guest is not None:
+            self._guest.close()
+
+    def _start(self) -> None:
+        self._guest = Guest(GuestConfig())
+        env = {k: v for k, v in os.environ.items() if k != FORCE_ENV}
+        env[RESULTS_ENV] = str(self._results_path)
+        argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
+                *self._nodeids]
+        timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
+        self._guest.start(argv, cwd=self._rootdir, env=env, run_timeout=timeout)
+
+    @property
+    def _results_path(self) -> Path:
+        assert self._guest is not None
+        return self._guest.ctl_dir / "results.jsonl"
+
+    def _read_results(self) -> None:
+        """Take in the complete lines appended since the last read."""
+        if not self._results_path.exists():
+            return
+        with self._results_path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            result = json.loads(line)
+            self._results[result["nodeid"]] = result
+
+    def _output_tail(self, lines: int = 30) -> str:
+        assert self._guest is not None
+        path = self._guest.ctl_dir / "stdout"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+
+
+def route_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
+    """Apply the route to the selected kernel items, in place. The route, or None if no
+    kernel test was selected."""
+    kernel_items = [item for item in items if item.get_closest_marker("kernel")]
+    if not kernel_items:
+        return None
+    route = choose_route()
+    if route.where == "skip":
+        for item in kernel_items:
+            item.add_marker(pytest.mark.skip(reason=route.reason))
+    elif route.where == "guest":
+        runner = GuestRunner(config.rootpath, [item.nodeid for item in kernel_items])
+        config.add_cleanup(runner.close)
+        proxies = {
+            item.nodeid: GuestProxy.from_parent(
+                item.parent, name=item.name, original=item, runner=runner
+            )
+            for item in kernel_items
+        }
+        items[:] = [proxies.get(item.nodeid, item) for item in items]
+    return route

@@ -1,0 +1,74 @@
+"""The test harness itself: the kernel tests see a real cgroup v2 cpu controller, and the
+guest's kernel image and initramfs are built correctly."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.guest.elf import ELF_MAGIC, has_pvh_note
+from tests.guest.initramfs import module_load_order
+from tests.guest.kernel import find_kernel, vmlinux_path
+
+
+def _cpu_stat(cgroup: Path) -> dict[str, int]:
+    return {k: int(v) for k, v in (line.split() for line in (cgroup / "cpu.stat").open())}
+
+
+@pytest.mark.kernel
+def test_child_cgroup_has_cpu_files(cgroup_root: Path) -> None:
+    child = cgroup_root / "child"
+    child.mkdir()
+    assert (child / "cpu.max").read_text() == "max 100000\n"
+    assert "usage_usec" in _cpu_stat(child)
+
+
+@pytest.mark.kernel
+def test_cpu_max_reads_back(cgroup_root: Path) -> None:
+    child = cgroup_root / "child"
+    child.mkdir()
+    (child / "cpu.max").write_text("50000 100000")
+    assert (child / "cpu.max").read_text() == "50000 100000\n"
+
+
+@pytest.mark.kernel
+def test_busy_process_is_throttled(cgroup_root: Path) -> None:
+    child = cgroup_root / "child"
+    child.mkdir()
+    (child / "cpu.max").write_text("10000 100000")  # 10 % of one CPU
+    before = _cpu_stat(child)["nr_throttled"]
+    busy = subprocess.Popen(
+        ["sh", "-c", "while :; do :; done"],
+        preexec_fn=lambda: (child / "cgroup.procs").write_text("0"),  # join before exec
+    )
+    try:
+        deadline = time.monotonic() + 30  # a bound against hanging, not a speed check
+        while _cpu_stat(child)["nr_throttled"] <= before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _cpu_stat(child)["nr_throttled"] > before
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_vmlinux_is_elf_with_pvh_note() -> None:
+    kernel = find_kernel()
+    if kernel is None:
+        pytest.skip("no Debian kernel in /boot (linux-image-amd64)")
+    image = vmlinux_path(kernel).read_bytes()
+    assert image.startswith(ELF_MAGIC)
+    assert has_pvh_note(image)
+
+
+def test_initramfs_modules_load_dependencies_first() -> None:
+    kernel = find_kernel()
+    if kernel is None:
+        pytest.skip("no Debian kernel in /boot (linux-image-amd64)")
+    names = [Path(rel).name.split(".ko")[0] for rel in module_load_order(kernel)]
+    for before, after in [("virtio", "virtio_mmio"), ("9pnet", "9pnet_virtio"), ("9pnet", "9p")]:
+        if before in names:  # absent if built in
+            assert names.index(before) < names.index(after)
+    assert "overlay" in names or "overlay" in (kernel.modules / "modules.builtin").read_text()
