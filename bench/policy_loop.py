@@ -1,23 +1,28 @@
 """DQoES Algorithm 1 as a plain per-container loop, line by line as in the paper's
 pseudo-code: the oracle for dqoes_cg.policy's vectorized form, and its benchmark baseline.
 
-    python3 bench/policy_loop.py          # vectorized vs loop, median time per round
+    python3 -m bench.policy_loop [--quick]   # one round: DQoES.decide vs the loop
+
+`run(ns, repeats, budget_s)` times one policy round on n containers both ways, after checking
+that both give the same limits, classes and totals. Both run Algorithm 2 (the Listener,
+three scalars per round, no per-container work) after Algorithm 1, as DQoES.decide does.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-import platform
-import statistics
-import sys
-import timeit
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dqoes_cg.policy import T_R, Cls, Round, Workspace, algorithm1, algorithm1_into
+from bench.timing import HOST, Row, format_table, measure
+from dqoes_cg.policy import T_R, Cls, DQoES, Listener, Observation, Round, algorithm1
+
+PART = "policy"
+OURS = "vectorized: DQoES.decide (Algorithms 1 + 2, numpy)"
+LOOP = "Python loop per container (bench/policy_loop.py) + Listener"
+NS = (10, 100, 1000, 10000)
 
 
 def algorithm1_loop(
@@ -81,30 +86,46 @@ def random_inputs(n: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return target, measured, usage, limit
 
 
-def main() -> None:
+def run(ns: Sequence[int], repeats: int, budget_s: float) -> list[Row]:
     rng = np.random.default_rng(1)
-    print(f"DQoES Algorithm 1, one round; host {platform.node()}, Python "
-          f"{platform.python_version()}, numpy {np.__version__}")
-    print(f"{'n':>6} {'loop median':>12} {'numpy median':>13} {'loop/numpy':>11}")
-    for n in (10, 100, 1000, 10000):
+    rows = []
+    for n in ns:
         target, measured, usage, limit = random_inputs(n, rng)
         lists = [a.tolist() for a in (target, measured, usage, limit)]
-        ws, out, classes = Workspace.sized(n), np.empty(n), np.empty(n, dtype=np.int8)
-        assert compare(*lists) < 1e-9
+        if compare(*lists) > 1e-9:
+            raise AssertionError(f"n={n}: the vectorized Algorithm 1 differs from the loop")
+        policy, listener = DQoES(), Listener()
+        policy.resize(n)
+        obs = Observation(target=target, measured=measured, usage=usage, limit=limit)
 
-        def vectorized(ws=ws, out=out, classes=classes, target=target, measured=measured,
-                       usage=usage, limit=limit) -> None:
-            algorithm1_into(target, measured, usage, limit, alpha=0.1, beta=0.1, ws=ws,
-                            limits_out=out, classes_out=classes)
+        def vectorized(policy: DQoES = policy, obs: Observation = obs) -> None:
+            policy.reset()  # due now
+            policy.decide(obs, 0.0)
 
-        number = max(1, 20000 // n)
-        times = {}
-        for name, fn in (("loop", lambda lists=lists: algorithm1_loop(*lists)),
-                         ("numpy", vectorized)):
-            runs = timeit.repeat(fn, number=number, repeat=7)
-            times[name] = statistics.median(runs) / number
-        print(f"{n:>6} {times['loop'] * 1e6:>10.1f}us {times['numpy'] * 1e6:>11.1f}us "
-              f"{times['loop'] / times['numpy']:>10.1f}x")
+        def loop(listener: Listener = listener, lists: list[list[float]] = lists) -> None:
+            listener.reset()
+            _, _, totals = algorithm1_loop(*lists)
+            listener.observe(totals.q_g, totals.q_b, totals.satisfied)
+            listener.schedule(0.0)
+
+        policy.reset()
+        decision = policy.decide(obs, 0.0)
+        limits, classes, _ = algorithm1_loop(*lists)
+        if (decision is None or decision.classes.tolist() != classes
+                or not np.allclose(decision.limits, limits, rtol=1e-12, atol=0)):
+            raise AssertionError(f"n={n}: DQoES.decide differs from the loop")
+        rows.append(Row.of(PART, OURS, measure(vectorized, repeats=repeats, budget_s=budget_s),
+                           where=HOST, n=n, per="round"))
+        rows.append(Row.of(PART, LOOP, measure(loop, repeats=repeats, budget_s=budget_s),
+                           where=HOST, n=n, role="baseline", per="round", versus=OURS))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python3 -m bench.policy_loop", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small n, few repeats")
+    quick = p.parse_args().quick
+    print(format_table(run(NS[:2] if quick else NS, 5 if quick else 15, 0.5 if quick else 3)))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""Cost of the latency rings: one record from the C and the Python producer, concurrent C
-producers, and the daemon's drain rate, each beside a baseline measured in the same run.
+"""Cost of the latency rings: one record from the C and the Python producer, alone and with
+concurrent producers, and the daemon's drain rate, each beside a floor measured in the same
+run (a clock read, a Python call of a C function, a memory copy).
 
     python3 -m bench.ring_bench [--quick]
 
-`run(quick)` returns one dict per measurement: name, median_ns (per record), spread_ns
-(interquartile range of the repeats), n (repeats), baseline (the name of the row it is
-compared with, or None) and ratio (median_ns / the baseline's median_ns).
+`run(quick)` returns one `bench.timing.Row` per measurement (part "ring", per record), its
+ratio taken against its floor.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import platform
 import shutil
-import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,20 +23,37 @@ from pathlib import Path
 import numpy as np
 from dqoes_cg._native import lib
 
+from bench.timing import HOST, Row, format_table, summarize
 from dqoes_cg.probe import Probe
 from dqoes_cg.ring import RingSet, create_ring
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCER_SRC = ROOT / "bench" / "ring_producer.c"
 DRAIN_CAPACITY = 1 << 20
+CONCURRENT_THREADS = (2, 4)
+PYTHON_PROCESSES = 2
+IDLE_RINGS = 1000
+SMALL_CAPACITY = 1024
+
+# One Python producer process: waits for the common start time (CLOCK_MONOTONIC is
+# system-wide), records, prints its wall time in ns.
+_PY_PRODUCER = """
+import sys, time
+from dqoes_cg.probe import Probe
+probe = Probe.open(sys.argv[1])
+calls, start_at = int(sys.argv[2]), float(sys.argv[3])
+time.sleep(max(0.0, start_at - time.monotonic()))
+start = time.perf_counter_ns()
+for _ in range(calls):
+    probe.record(0.001)
+print(time.perf_counter_ns() - start)
+"""
 
 
-def _row(name: str, samples: list[float], baseline: dict | None = None) -> dict:
-    median = statistics.median(samples)
-    q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else [median] * 3
-    return {"name": name, "median_ns": median, "spread_ns": q[2] - q[0], "n": len(samples),
-            "baseline": baseline["name"] if baseline else None,
-            "ratio": median / baseline["median_ns"] if baseline else None}
+def _row(name: str, samples_ns: list[float], floor: Row | None = None) -> Row:
+    return Row.of("ring", name, summarize([ns * 1e-9 for ns in samples_ns]), where=HOST,
+                  per="record", role="ours" if floor else "floor",
+                  versus=floor.case if floor else None)
 
 
 def _compile_producer(workdir: Path) -> Path:
@@ -55,17 +72,21 @@ def _produce(exe: Path, ring: Path, threads: int, records: int) -> dict[str, int
     return {k: int(v) for k, v in fields.items()}
 
 
-def _c_rows(exe: Path, ring: Path, repeats: int, records: int) -> list[dict]:
-    clock, one, two = [], [], []
+def _c_rows(exe: Path, ring: Path, repeats: int, records: int) -> list[Row]:
+    clock, one = [], []
+    concurrent: dict[int, list[float]] = {t: [] for t in CONCURRENT_THREADS}
     for _ in range(repeats):
         r = _produce(exe, ring, 1, records)
         clock.append(r["clock_ns"] / records)
         one.append(r["wall_ns"] / records)
-        # Two threads on one ring: wall time per record written, all threads together.
-        two.append(_produce(exe, ring, 2, records)["wall_ns"] / (2 * records))
-    base = _row("C clock_gettime(CLOCK_MONOTONIC) (baseline)", clock)
+        # Threads on one ring: wall time per record written, all threads together.
+        for threads, samples in concurrent.items():
+            samples.append(_produce(exe, ring, threads, records)["wall_ns"]
+                           / (threads * records))
+    base = _row("C clock_gettime(CLOCK_MONOTONIC) (floor)", clock)
     return [base, _row("C dqoes_probe_record", one, base),
-            _row("C dqoes_probe_record, 2 threads, per record", two, base)]
+            *(_row(f"C dqoes_probe_record, {threads} threads, per record", samples, base)
+              for threads, samples in concurrent.items())]
 
 
 def _per_call(fn: Callable[[], object], calls: int) -> float:
@@ -75,7 +96,7 @@ def _per_call(fn: Callable[[], object], calls: int) -> float:
     return (time.perf_counter_ns() - start) / calls
 
 
-def _python_rows(ring: Path, repeats: int, calls: int) -> list[dict]:
+def _python_rows(ring: Path, repeats: int, calls: int) -> list[Row]:
     attached, absent = Probe.open(ring), Probe.open(ring.parent / "absent")
     measure = attached.measure
 
@@ -89,7 +110,7 @@ def _python_rows(ring: Path, repeats: int, calls: int) -> list[dict]:
         with measure():
             pass
 
-    cases = [("Python call of a C function (baseline)", lib.dq_probe_now_ns),
+    cases = [("Python call of a C function (floor)", lib.dq_probe_now_ns),
              ("Python Probe.record", record), ("Python Probe.record, no ring", record_no_ring),
              ("Python `with probe.measure()`", timed_block)]
     samples: dict[str, list[float]] = {name: [] for name, _ in cases}
@@ -98,11 +119,26 @@ def _python_rows(ring: Path, repeats: int, calls: int) -> list[dict]:
             samples[name].append(_per_call(fn, calls))
     attached.close()
     absent.close()
+    concurrent = [_python_concurrent(ring, calls) for _ in range(repeats)]
     base = _row(cases[0][0], samples[cases[0][0]])
-    return [base] + [_row(name, samples[name], base) for name, _ in cases[1:]]
+    return [base, *(_row(name, samples[name], base) for name, _ in cases[1:]),
+            _row(f"Python Probe.record, {PYTHON_PROCESSES} processes, per record", concurrent,
+                 base)]
 
 
-def _drain_rows(exe: Path, ring: Path, repeats: int, records: int) -> list[dict]:
+def _python_concurrent(ring: Path, calls: int) -> float:
+    """Wall time per record written by PYTHON_PROCESSES processes recording at once."""
+    start_at = time.monotonic() + 1.5  # after every interpreter has started
+    producers = [subprocess.Popen([sys.executable, "-c", _PY_PRODUCER, str(ring), str(calls),
+                                   str(start_at)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                 for _ in range(PYTHON_PROCESSES)]
+    walls = [int(p.communicate()[0]) for p in producers]
+    if any(p.returncode for p in producers):
+        raise RuntimeError("a Python producer failed")
+    return max(walls) / (PYTHON_PROCESSES * calls)
+
+
+def _drain_rows(exe: Path, ring: Path, repeats: int, records: int) -> list[Row]:
     """The reader's cost per record, full rings drained: against copying the same bytes."""
     drain, copy = [], []
     src = np.random.default_rng(0).integers(0, 2**63, records * 4, dtype=np.uint64)
@@ -118,12 +154,28 @@ def _drain_rows(exe: Path, ring: Path, repeats: int, records: int) -> list[dict]
             start = time.perf_counter_ns()
             np.copyto(dst, src)
             copy.append((time.perf_counter_ns() - start) / records)
-    base = _row("copy of 32 bytes per record in memory (baseline)", copy)
+    base = _row("copy of 32 bytes per record in memory (floor)", copy)
     return [base, _row("RingSet.drain, per record", drain, base)]
 
 
-def run(quick: bool) -> list[dict]:
-    repeats, records = (5, 200_000) if quick else (15, 2_000_000)
+def _idle_drain_row(workdir: Path, repeats: int, rings: int) -> Row:
+    """What a tick pays per ring with nothing new in it (checking the file is unchanged)."""
+    paths = [workdir / "idle" / f"c{i:05d}" / "ring" for i in range(rings)]
+    for path in paths:
+        create_ring(path, SMALL_CAPACITY)
+    samples = []
+    with RingSet(paths, SMALL_CAPACITY) as idle:
+        idle.drain()
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            idle.drain()
+            samples.append((time.perf_counter_ns() - start) / rings)
+    return Row.of("ring", f"RingSet.drain of {rings} rings with no new record, per ring",
+                  summarize([ns * 1e-9 for ns in samples]), where=HOST, per="ring")
+
+
+def run(quick: bool) -> list[Row]:
+    repeats, records = (3, 20_000) if quick else (15, 2_000_000)
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
         workdir = Path(tmp)
         exe = _compile_producer(workdir)
@@ -134,6 +186,7 @@ def run(quick: bool) -> list[dict]:
         drained = workdir / "drained"
         create_ring(drained, DRAIN_CAPACITY)
         rows += _drain_rows(exe, drained, repeats, min(records, DRAIN_CAPACITY))
+        rows.append(_idle_drain_row(workdir, repeats, 10 if quick else IDLE_RINGS))
     return rows
 
 
@@ -143,11 +196,7 @@ def main() -> None:
     args = p.parse_args()
     print(f"ring benchmarks on this host ({platform.node()}, {platform.machine()}, "
           f"Linux {platform.release()}), rings on tmpfs")
-    print(f"{'':52} {'median ns':>10} {'IQR ns':>8} {'n':>3} {'x baseline':>10}")
-    for r in run(args.quick):
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else ""
-        print(f"{r['name']:52} {r['median_ns']:10.1f} {r['spread_ns']:8.1f} {r['n']:3} "
-              f"{ratio:>10}")
+    print(format_table(run(args.quick)))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ stage1-init, packed as an uncompressed newc cpio (nothing to decompress on an em
 
 from __future__ import annotations
 
+import hashlib
 import io
 import stat
 from pathlib import Path
 
-from .kernel import Kernel
+from .kernel import Kernel, atomic_write, cache_dir
 
 GUEST_DIR = Path(__file__).resolve().parent
 BUSYBOX = Path("/bin/busybox")
@@ -53,6 +54,16 @@ def module_load_order(kernel: Kernel, wanted: tuple[str, ...] = ROOT_MODULES) ->
 def _module_name(path: str) -> str:
     """'kernel/net/9p/9pnet_virtio.ko[.xz]' -> '9pnet_virtio'."""
     return Path(path).name.split(".ko")[0].replace("-", "_")
+
+
+def initramfs_path(kernel: Kernel) -> Path:
+    """The initramfs for `kernel`, built on each call (it takes milliseconds) but stored in
+    the cache under its content hash, so unchanged images are not rewritten."""
+    image = build_initramfs(kernel)
+    path = cache_dir() / f"initramfs-{kernel.version}-{hashlib.sha256(image).hexdigest()[:16]}"
+    if not path.exists():
+        atomic_write(path, image)
+    return path
 
 
 def build_initramfs(kernel: Kernel, busybox: Path = BUSYBOX) -> bytes:

@@ -10,6 +10,7 @@ import gzip
 import lzma
 import os
 import platform
+import re
 import struct
 import subprocess
 import tempfile
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .elf import ELF_MAGIC, has_pvh_note
-
 
 # bzImage boot protocol (Documentation/arch/x86/boot.rst).
 _SETUP_SECTS = 0x1F1
@@ -41,15 +41,19 @@ class Kernel:
 def find_kernel(version: str | None = None) -> Kernel | None:
     """The kernel to boot: `version` if given, else the running one if Debian ships it,
     else the newest /boot/vmlinuz-* that has a module tree. None if there is none."""
-    versions = [version] if version else [platform.release()] + sorted(
-        (p.name.removeprefix("vmlinuz-") for p in Path("/boot").glob("vmlinuz-*")),
-        reverse=True,
-    )
-    for v in versions:
+    installed = [p.name.removeprefix("vmlinuz-") for p in Path("/boot").glob("vmlinuz-*")]
+    newest_first = sorted(installed, key=_version_key, reverse=True)
+    for v in [version] if version else [platform.release(), *newest_first]:
         kernel = Kernel(v, Path("/boot") / f"vmlinuz-{v}", Path("/lib/modules") / v)
         if kernel.bzimage.is_file() and (kernel.modules / "modules.dep").is_file():
             return kernel
     return None
+
+
+def _version_key(version: str) -> list[tuple[int, str]]:
+    """Sort key for "6.1.0-9-amd64" < "6.1.0-56-amd64": numbers compare as numbers."""
+    return [(int(part), "") if part.isdigit() else (-1, part)
+            for part in re.split(r"(\d+)", version)]
 
 
 def cache_dir() -> Path:
@@ -96,7 +100,8 @@ def _decompress(payload: bytes) -> bytes:
     if stream.startswith(b"\x1f\x8b"):
         return gzip.decompress(stream)
     if stream.startswith(b"\x28\xb5\x2f\xfd"):
-        return subprocess.run(["zstd", "-dcq"], input=stream, capture_output=True, check=True).stdout
+        unzstd = subprocess.run(["zstd", "-dcq"], input=stream, capture_output=True, check=True)
+        return unzstd.stdout
     raise ValueError(f"unsupported bzImage compression (magic {stream[:6].hex()})")
 
 

@@ -12,16 +12,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pytest import Mark
 
 from .cgroups import cgroup2_cpu_mount
 from .prereqs import missing_guest_packages
 from .report import RESULTS_ENV
-from .vm import POLL_INTERVAL, Guest, GuestConfig, GuestError
+from .vm import POLL_INTERVAL, FileTail, Guest, GuestConfig, GuestError
 
 FORCE_ENV = "DQOES_TEST_GUEST"  # "1": always use the guest; "0": never
 TIMEOUT_ENV = "DQOES_GUEST_TIMEOUT"  # seconds for the guest's whole test run
@@ -74,12 +76,12 @@ class GuestProxy(pytest.Item):
         self.own_markers.extend(original.own_markers)
         self.keywords.update(original.keywords)
 
-    def iter_markers_with_node(self, name: str | None = None):  # type: ignore[override]
+    def iter_markers_with_node(self, name: str | None = None) -> Iterator[tuple[Any, Mark]]:
         for node, mark in super().iter_markers_with_node(name):
             if mark.name not in _GUEST_DECIDES:
                 yield node, mark
 
-    def reportinfo(self):  # type: ignore[override]
+    def reportinfo(self) -> tuple[Any, int | None, str]:
         return self._location
 
     def runtest(self) -> None:
@@ -95,7 +97,7 @@ class GuestProxy(pytest.Item):
                                for title, text in result["sections"])
             raise GuestTestFailure(f"[guest] {result['crash']}\n{result['longrepr']}{sections}")
 
-    def repr_failure(self, excinfo, style=None):  # type: ignore[override]
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if excinfo.errisinstance((GuestTestFailure, GuestError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
@@ -109,7 +111,7 @@ class GuestRunner:
         self._nodeids = nodeids
         self._guest: Guest | None = None
         self._results: dict[str, dict[str, Any]] = {}
-        self._offset = 0
+        self._new_results: FileTail | None = None
         self._exit_code: int | None = None
         self._failure: str | None = None
 
@@ -119,12 +121,12 @@ class GuestRunner:
         if self._guest is None:
             self._start()
         assert self._guest is not None
-        while nodeid not in self._results:
-            if self._failure is not None:
-                raise GuestError(self._failure)
+        while True:
             self._read_results()
             if nodeid in self._results:
-                break
+                return self._results.pop(nodeid)
+            if self._failure is not None:
+                raise GuestError(f"the test guest failed earlier: {self._failure}")
             if self._exit_code is not None:
                 raise GuestError(
                     f"the guest's pytest exited with {self._exit_code} without a result for "
@@ -133,13 +135,14 @@ class GuestRunner:
             try:
                 self._exit_code = self._guest.poll()
             except GuestError as e:
-                self._failure = f"{e}\n--- guest pytest output ---\n{self._output_tail()}"
-                continue
+                self._failure = str(e).splitlines()[0]
+                self._read_results()  # it may have reported this test before it died
+                if nodeid in self._results:
+                    return self._results.pop(nodeid)
+                output = self._output_tail()
+                raise GuestError(f"{e}\n--- guest pytest output ---\n{output}") from None
             if self._exit_code is None:
                 time.sleep(POLL_INTERVAL)
-            else:
-                self._read_results()
-        return self._results.pop(nodeid)
 
     def close(self) -> None:
         if self._guest is not None:
@@ -147,28 +150,18 @@ class GuestRunner:
 
     def _start(self) -> None:
         self._guest = Guest(GuestConfig())
+        results = self._guest.ctl_dir / "results.jsonl"
+        self._new_results = FileTail(results)
         env = {k: v for k, v in os.environ.items() if k != FORCE_ENV}
-        env[RESULTS_ENV] = str(self._results_path)
+        env[RESULTS_ENV] = str(results)
         argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
                 *self._nodeids]
         timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
         self._guest.start(argv, cwd=self._rootdir, env=env, run_timeout=timeout)
 
-    @property
-    def _results_path(self) -> Path:
-        assert self._guest is not None
-        return self._guest.ctl_dir / "results.jsonl"
-
     def _read_results(self) -> None:
-        """Take in the complete lines appended since the last read."""
-        if not self._results_path.exists():
-            return
-        with self._results_path.open("rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.splitlines():
+        assert self._new_results is not None
+        for line in self._new_results.read(whole_lines=True).splitlines():
             result = json.loads(line)
             self._results[result["nodeid"]] = result
 

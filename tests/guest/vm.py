@@ -9,9 +9,11 @@ holding the job (job.sh), its output (stdout, stderr) and its exit status (exit_
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,16 +25,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from .initramfs import GUEST_DIR, build_initramfs
+from .initramfs import GUEST_DIR, initramfs_path
 from .kernel import Kernel, find_kernel, vmlinux_path
 
 QEMU = "qemu-system-x86_64"
 MSIZE = 512000  # 9p message size: large reads and writes in few round trips
 POLL_INTERVAL = 0.05
+COMMAND_LINE_SIZE = 2048  # x86
+# Mounted afresh in the guest, hiding the host's: a job directory below them is shared.
+GUEST_PRIVATE_DIRS = (Path("/tmp"), Path("/run"), Path("/dev"))
 
 
 class GuestError(RuntimeError):
-    """The guest failed to boot, died, or timed out. The message ends with the console log."""
+    """The guest failed to boot or died. The message ends with the console log's tail."""
+
+
+class GuestTimeout(GuestError):
+    """The guest did not boot, or its job did not finish, in time."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,12 @@ class Share:
     host_path: Path
     guest_path: Path | None = None
     writable: bool = False
+
+    def __post_init__(self) -> None:
+        # Both qemu's option syntax and the kernel command line would split these.
+        for text in (self.tag, str(self.host_path), str(self.guest_path or "")):
+            if any(c.isspace() or c in ",:" for c in text):
+                raise ValueError(f"9p share {text!r}: no whitespace, ',' or ':' allowed")
 
     def cmdline(self) -> str:
         mode, cache = ("rw", "none") if self.writable else ("ro", "loose")
@@ -128,11 +143,14 @@ def _close_all() -> None:
 
 
 class Guest:
-    """One guest running one job. Use as a context manager, or call close(): qemu never
-    outlives it (nor this process: it gets SIGKILL if we die).
+    """One guest running one job. Use it as a context manager or call close(): qemu never
+    outlives it, nor this process (the kernel sends qemu SIGKILL if we die).
 
-    >>> with Guest() as g:
-    ...     code = g.run(["cat", "/sys/fs/cgroup/cgroup.subtree_control"])
+    >>> with Guest() as guest:
+    ...     status = guest.run(["cat", "/sys/fs/cgroup/cgroup.subtree_control"])
+
+    run() streams the job's output to ours; start() + poll() let the caller do other work
+    while the guest runs (the pytest routing reads results as they come).
     """
 
     def __init__(self, config: GuestConfig | None = None) -> None:
@@ -140,12 +158,13 @@ class Guest:
         if self.config.kernel is None:
             raise GuestError("no kernel to boot: install linux-image-amd64")
         self.ctl_dir = Path(tempfile.mkdtemp(prefix="dqoes-guest-"))
-        self.console_log = self.ctl_dir / "console.log"
+        self.boot_seconds: float | None = None  # launch to job start, once known
         self._qemu: subprocess.Popen[bytes] | None = None
-        self._tails: list[_Tail] = []
-        self._launched = self._started = 0.0
+        self._outputs: list[tuple[FileTail, BinaryIO]] = []
+        self._launched = 0.0
         self._run_timeout: float | None = None
-        self.boot_seconds: float | None = None
+        self._keep_ctl_dir = False
+        self._workdir_share: tuple[Share, ...] = ()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -158,21 +177,24 @@ class Guest:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
     ) -> None:
-        """Boot the guest and run `argv` in `cwd` (default: ours) with `env` (default: ours)
-        plus DQOES_GUEST=1. Output is copied to `stdout`/`stderr` as poll() sees it."""
+        """Boot the guest to run `argv` in `cwd` (default: ours) with `env` (default: ours)
+        plus DQOES_GUEST=1. poll() copies the job's output to `stdout`/`stderr` if given."""
+        kernel = self.config.kernel
+        assert kernel is not None and self._qemu is None
         env = {**(os.environ if env is None else env), "DQOES_GUEST": "1"}
-        self._write_job(argv, Path(cwd or os.getcwd()), env)
-        self._tails = [
-            _Tail(self.ctl_dir / "stdout", stdout),
-            _Tail(self.ctl_dir / "stderr", stderr),
+        workdir = Path(cwd or os.getcwd()).resolve()
+        if any(workdir.is_relative_to(private) for private in GUEST_PRIVATE_DIRS):
+            self._workdir_share = (Share("workdir", workdir),)
+        self._write_job(argv, workdir, env)
+        self._outputs = [
+            (FileTail(self.ctl_dir / name), sink)
+            for name, sink in (("stdout", stdout), ("stderr", stderr))
+            if sink is not None
         ]
         self._run_timeout = run_timeout
-        kernel = self.config.kernel
-        assert kernel is not None
-        initrd = self.ctl_dir / "initramfs.cpio"
-        initrd.write_bytes(build_initramfs(kernel))
-        command = qemu_command(self.config, vmlinux_path(kernel), initrd, self.console_log,
-                               self.shares)
+        command = qemu_command(
+            self.config, vmlinux_path(kernel), initramfs_path(kernel), self.ctl_dir, self.shares
+        )
         with (self.ctl_dir / "qemu.log").open("wb") as qemu_log:
             self._qemu = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
@@ -183,31 +205,35 @@ class Guest:
 
     def poll(self) -> int | None:
         """Copy new output; the job's exit status once it has one, else None.
-        Raises GuestError if the guest died first or a timeout passed."""
+        Raises GuestError if the guest died first, GuestTimeout if a timeout passed."""
         assert self._qemu is not None, "start() first"
-        self._pump()
         exit_code = self.ctl_dir / "exit_code"
-        if exit_code.exists():
+        finished = exit_code.exists()
+        self._copy_output()  # after the check: the job wrote all its output before
+        if finished:
             return int(exit_code.read_text())
-        now = time.monotonic()
-        if not self._started and (self.ctl_dir / "started").exists():
-            self._started = now
-            self.boot_seconds = now - self._launched
+        elapsed = time.monotonic() - self._launched
+        if self.boot_seconds is None and (self.ctl_dir / "started").exists():
+            self.boot_seconds = elapsed
         if self._qemu.poll() is not None:
-            self._pump()
-            phase = "running the command" if self._started else "booting"
-            raise self.error(f"guest exited (qemu status {self._qemu.returncode}) while {phase}")
-        if not self._started and now - self._launched > self.config.boot_timeout:
-            raise self.error(f"guest did not boot within {self.config.boot_timeout:.0f} s")
-        if self._started and self._run_timeout and now - self._started > self._run_timeout:
-            raise self.error(f"command did not finish within {self._run_timeout:.0f} s")
+            self._copy_output()
+            phase = "booting" if self.boot_seconds is None else "running the command"
+            raise self._error(GuestError, f"guest exited (qemu status "
+                                          f"{self._qemu.returncode}) while {phase}")
+        if self.boot_seconds is None and elapsed > self.config.boot_timeout:
+            raise self._error(GuestTimeout,
+                              f"guest did not boot within {self.config.boot_timeout:.0f} s")
+        if self.boot_seconds is not None and self._run_timeout is not None \
+                and elapsed - self.boot_seconds > self._run_timeout:
+            raise self._error(GuestTimeout,
+                              f"command did not finish within {self._run_timeout:.0f} s")
         return None
 
     def wait(self) -> int:
         """Block until the job ends; its exit status."""
-        while (code := self.poll()) is None:
+        while (status := self.poll()) is None:
             time.sleep(POLL_INTERVAL)
-        return code
+        return status
 
     def run(
         self,
@@ -215,25 +241,23 @@ class Guest:
         cwd: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         run_timeout: float | None = None,
-        stdout: BinaryIO | None = None,
-        stderr: BinaryIO | None = None,
     ) -> int:
-        """start() and wait(): run `argv` in the guest, streaming its output to ours."""
-        self.start(
-            argv, cwd, env, run_timeout,
-            stdout or sys.stdout.buffer, stderr or sys.stderr.buffer,
-        )
+        """Run `argv` in the guest with its output streamed to ours; its exit status."""
+        self.start(argv, cwd, env, run_timeout, sys.stdout.buffer, sys.stderr.buffer)
         return self.wait()
 
     def close(self) -> None:
-        """Stop qemu (it normally powers off by itself once the job ends)."""
+        """Stop qemu: give a finished guest a moment to power off, kill anything else.
+        The control directory goes too, unless an error message points into it."""
         if self._qemu is not None and self._qemu.poll() is None:
-            try:
-                self._qemu.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._qemu.kill()
-                self._qemu.wait()
+            if (self.ctl_dir / "exit_code").exists():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._qemu.wait(timeout=5)
+            self._qemu.kill()
+            self._qemu.wait()
         _running.discard(self)
+        if not self._keep_ctl_dir:
+            shutil.rmtree(self.ctl_dir, ignore_errors=True)
 
     def __enter__(self) -> Guest:
         return self
@@ -245,8 +269,10 @@ class Guest:
 
     @property
     def shares(self) -> tuple[Share, ...]:
-        """The control share followed by the configured extra shares."""
-        return (Share("ctl", self.ctl_dir, writable=True), *self.config.shares)
+        """The control share, the configured extra shares, and the job's directory if the
+        guest's own mounts would hide it."""
+        return (Share("ctl", self.ctl_dir, writable=True), *self.config.shares,
+                *self._workdir_share)
 
     def console_tail(self, lines: int = 40) -> str:
         """The last lines of the guest console and of qemu's own messages."""
@@ -255,13 +281,15 @@ class Guest:
             path = self.ctl_dir / name
             text = path.read_text(errors="replace") if path.exists() else ""
             if text.strip():
-                parts.append(f"--- {name} ({path}) ---\n" + "\n".join(text.splitlines()[-lines:]))
+                tail = "\n".join(text.splitlines()[-lines:])
+                parts.append(f"--- {name} ({path}) ---\n{tail}")
         return "\n".join(parts) or "(the guest printed nothing)"
 
-    def error(self, message: str) -> GuestError:
-        return GuestError(f"{message}\n{self.console_tail()}")
-
     # -- internals ---------------------------------------------------------------------
+
+    def _error(self, kind: type[GuestError], message: str) -> GuestError:
+        self._keep_ctl_dir = True
+        return kind(f"{message}\n{self.console_tail()}")
 
     def _write_job(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> None:
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
@@ -270,9 +298,12 @@ class Guest:
             f"cd {shlex.quote(str(cwd))} || exit 125\nexec env -i {assignments} {command}\n"
         )
 
-    def _pump(self) -> None:
-        for tail in self._tails:
-            tail.pump()
+    def _copy_output(self) -> None:
+        for tail, sink in self._outputs:
+            data = tail.read()
+            if data:
+                sink.write(data)
+                sink.flush()
 
 
 def clock_cmdline(kernel: Kernel) -> list[str]:
@@ -317,18 +348,22 @@ def kernel_cmdline(config: GuestConfig, shares: Sequence[Share], ctl_dir: Path) 
     for arg in args:
         if any(c.isspace() for c in arg):
             raise GuestError(f"kernel argument with whitespace: {arg!r}")
-    return " ".join(args)
+    cmdline = " ".join(args)
+    if len(cmdline) >= COMMAND_LINE_SIZE:  # the kernel would cut it silently
+        raise GuestError(f"kernel command line longer than {COMMAND_LINE_SIZE - 1} bytes")
+    return cmdline
 
 
 def qemu_command(
-    config: GuestConfig, vmlinux: Path, initrd: Path, console_log: Path, shares: Sequence[Share]
+    config: GuestConfig, vmlinux: Path, initrd: Path, ctl_dir: Path, shares: Sequence[Share]
 ) -> list[str]:
     root = Share("hostroot", Path("/"))
-    ctl_dir = shares[0].host_path
     return [
         QEMU,
+        # ACPI tells the kernel where the virtio-mmio devices are, and powers off.
         "-M", "microvm,acpi=on",
         "-accel", "tcg,thread=multi",
+        # 4-level paging: one page-table level less for TCG to walk on every TLB miss.
         "-cpu", "max,la57=off",
         "-smp", str(config.cpus),
         "-m", f"{config.memory_mib}M",
@@ -336,7 +371,7 @@ def qemu_command(
         "-kernel", str(vmlinux),
         "-initrd", str(initrd),
         "-append", kernel_cmdline(config, shares, ctl_dir),
-        "-serial", f"file:{console_log}",
+        "-serial", f"file:{ctl_dir / 'console.log'}",
         *root.qemu_args(),
         *(arg for share in shares for arg in share.qemu_args()),
     ]

@@ -1,0 +1,1 @@
+"""Overhead microbenchmarks of dqoes-cg against the baselines: `python3 -m bench` (README.md)."""

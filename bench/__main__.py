@@ -1,0 +1,190 @@
+"""python3 -m bench: every overhead benchmark that can run here, then the report.
+
+    python3 -m bench [--quick] [--out DIR] [--no-guest]
+
+Parts: "host" is what runs on this machine's CPU: the ring and the policy, and the kernel
+parts (sampling, applying, whole tick, daemon) over a fake cgroupfs tree on tmpfs. "kernel"
+is those kernel parts on a real cgroup v2 hierarchy with the cpu controller: on this host if
+it has one, else inside a qemu guest (tests/guest), which runs `python3 -m bench --part
+kernel --json FILE` and leaves FILE in its writable control share. The report goes to DIR
+(default bench/results): results.json, REPORT.md, tick_cost.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench import applying, daemon_overhead, policy_loop, report, ring_bench, sampling, tick
+from bench.report import Results
+from bench.testbed import Testbed
+from bench.timing import FAKE, HOST, NotMeasured, format_table
+from tests.guest.cgroups import cgroup2_cpu_mount
+
+ROOT = Path(__file__).resolve().parents[1]
+GUEST_TIMEOUT_S = 3 * 3600.0
+GUEST_MEMORY_MIB = 4096  # 10,000 cgroups and 1,000 idle processes
+
+
+@dataclass(frozen=True)
+class Sizes:
+    ns: tuple[int, ...]  # containers, for sampling and applying
+    tick_ns: tuple[int, ...]
+    policy_ns: tuple[int, ...]
+    repeats: int
+    budget_s: float  # per case, once MIN_REPEATS are done
+    daemon_n: int
+    daemon_s: float
+
+
+FULL = Sizes((10, 100, 1000, 10000), (10, 100, 1000), policy_loop.NS, 15, 3.0, 100, 60.0)
+QUICK = Sizes((2, 5), (2,), (10, 100), 3, 0.1, 5, 2.0)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.machine()
+
+
+def machine() -> str:
+    return (f"{cpu_model()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
+            f"Python {platform.python_version()}, numpy {np.__version__}")
+
+
+def describe_place(bed: Testbed) -> str:
+    if bed.fake:
+        kind = ("the host's CPU, the kernel's cgroup files replaced by plain files on tmpfs "
+                "(the same code paths and system calls, not the kernel's cgroup handlers)")
+    elif os.environ.get("DQOES_GUEST") == "1":
+        kind = ("a qemu-system-x86_64 -M microvm guest under TCG (an emulated CPU, several "
+                "times slower than the host), real cgroup v2")
+    else:
+        kind = "this host's real cgroup v2"
+    return f"{kind}; {machine()}; {bed.describe()}"
+
+
+def kernel_parts(sizes: Sizes, mount: Path | None) -> Results:
+    """Sampling, applying, tick and daemon on one testbed: `mount` or a fake tree."""
+    res = Results()
+    n = max(*sizes.ns, *sizes.tick_ns, sizes.daemon_n)
+    with Testbed(n, mount) as bed:
+        res.places[bed.where] = describe_place(bed)
+        res.add(sampling.run(bed, list(sizes.ns), sizes.repeats, sizes.budget_s))
+        res.add(applying.run(bed, list(sizes.ns), sizes.repeats, sizes.budget_s))
+        res.add(tick.run(bed, list(sizes.tick_ns), sizes.repeats, sizes.budget_s))
+        res.daemon.append(daemon_overhead.run(bed, sizes.daemon_n, sizes.daemon_s))
+    return res
+
+
+def host_parts(sizes: Sizes, quick: bool) -> Results:
+    res = Results(places={HOST: f"this host's CPU; {machine()}"})
+    res.add(ring_bench.run(quick))
+    res.add(policy_loop.run(sizes.policy_ns, sizes.repeats, sizes.budget_s))
+    res.merge(kernel_parts(sizes, None))
+    return res
+
+
+def kernel_in_guest(quick: bool) -> Results:
+    """The kernel parts in a qemu guest; its output streams to ours."""
+    from tests.guest.vm import Guest, GuestConfig
+
+    with Guest(GuestConfig(memory_mib=GUEST_MEMORY_MIB)) as guest:
+        out = guest.ctl_dir / "kernel.json"
+        argv = [sys.executable, "-m", "bench", "--part", "kernel", "--json", str(out)]
+        status = guest.run(argv + (["--quick"] if quick else []), cwd=ROOT,
+                           run_timeout=GUEST_TIMEOUT_S)
+        if status != 0:
+            raise RuntimeError(f"the bench in the guest exited with status {status}")
+        return Results.from_json(json.loads(out.read_text()))
+
+
+def kernel_where(no_guest: bool) -> tuple[str, Path | None, str]:
+    """Where the kernel parts can run: ("here", mount, ""), ("guest", None, "") or
+    ("nowhere", None, why)."""
+    mount = cgroup2_cpu_mount()
+    if mount is not None:
+        return "here", mount, ""
+    why = "this host has no cgroup v2 hierarchy with the cpu controller"
+    if no_guest:
+        return "nowhere", None, f"{why}, and --no-guest"
+    from tests.guest.prereqs import missing_guest_packages
+
+    missing = missing_guest_packages()
+    if missing:
+        return "nowhere", None, f"{why}, and no guest (missing {' '.join(missing)})"
+    return "guest", None, ""
+
+
+def commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{head} with uncommitted changes" if git("status", "--porcelain") else head
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="tiny N, few repeats: a smoke run of every part, figures meaningless")
+    p.add_argument("--part", choices=("all", "host", "kernel"), default="all")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results",
+                   help="where the report goes")
+    p.add_argument("--json", type=Path, default=None,
+                   help="write only the raw results here, no report (what the guest does)")
+    p.add_argument("--no-guest", action="store_true",
+                   help="never boot a guest: without cgroup v2 here, the kernel parts are "
+                        "reported as not measured")
+    args = p.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    res = Results(meta={
+        "command": shlex.join(["python3", "-m", "bench", *(argv if argv is not None
+                                                            else sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(), "sizes": asdict(sizes)})
+
+    if args.part in ("all", "host"):
+        res.merge(host_parts(sizes, args.quick))
+    if args.part == "kernel":
+        mount = cgroup2_cpu_mount()
+        if mount is None:
+            p.error("--part kernel needs cgroup v2 with the cpu controller here")
+        res.merge(kernel_parts(sizes, mount))
+    elif args.part == "all":
+        where, mount, why = kernel_where(args.no_guest)
+        if where == "here":
+            res.merge(kernel_parts(sizes, mount))
+        elif where == "guest":
+            res.merge(kernel_in_guest(args.quick))
+        else:
+            res.not_measured.append(NotMeasured(
+                "kernel", "sampling, applying, tick and daemon on a real cgroup v2", why,
+                f"see the figures of {FAKE!r}"))
+
+    print(format_table(res.rows))
+    if args.json is not None:
+        args.json.write_text(json.dumps(res.to_json()))
+        return 0
+    report.write(res, args.out)
+    print(f"\nreport: {args.out / 'REPORT.md'}")
+    for check in report.check_targets(res):
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[check.met]
+        print(f"  {verdict:12} {check.target} [{check.where}]: {check.figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

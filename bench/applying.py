@@ -1,0 +1,75 @@
+"""Applying N CPU limits to cpu.max: our one C call (CgroupTable.apply) against Python
+writing each file. Every timed call changes every limit (two quotas take turns), so each
+one writes all N files. `docker update --cpus` is not run: the bench changes no container
+it did not start, and starts none."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from bench.sampling import docker_engine
+from bench.testbed import Testbed
+from bench.timing import NotMeasured, Row, measure
+from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
+
+PART = "applying"
+OURS = "C, one call for all (CgroupTable.apply)"
+PER_FILE = "Python: open, write, close each cpu.max"
+KEPT_OPEN = "Python: os.pwrite each cpu.max kept open"
+DOCKER_UPDATE = "docker update --cpus"
+DOCKER_UPDATE_REFERENCE_S = 0.025
+QUOTAS_USEC = (50_000, 60_000)
+
+
+def python_per_file(paths: list[str], quota: int) -> None:
+    for path in paths:
+        with open(path, "w") as f:
+            f.write(f"{quota} {DEFAULT_PERIOD_USEC}\n")
+
+
+def python_kept_open(fds: list[int], quota: int) -> None:
+    for fd in fds:
+        os.pwrite(fd, f"{quota} {DEFAULT_PERIOD_USEC}\n".encode(), 0)
+
+
+def run(bed: Testbed, ns: list[int], repeats: int, budget_s: float) -> list[Row | NotMeasured]:
+    results: list[Row | NotMeasured] = []
+    for n in ns:
+        dirs = bed.dirs[:n]
+        max_files = [str(d / "cpu.max") for d in dirs]
+        quotas = itertools.cycle(QUOTAS_USEC)
+        with CgroupTable(dirs) as table:
+            requests = itertools.cycle([np.full(n, q, np.int64) for q in QUOTAS_USEC])
+
+            def apply(table: CgroupTable = table, requests: Iterator[np.ndarray] = requests,
+                      ) -> None:
+                if table.apply(next(requests), DEFAULT_PERIOD_USEC) != len(table):
+                    raise RuntimeError(f"CgroupTable.apply failed: {table.error(0)}")
+
+            timings = [(OURS, measure(apply, repeats=repeats, budget_s=budget_s))]
+            timings.append((PER_FILE, measure(
+                lambda f=max_files, q=quotas: python_per_file(f, next(q)),
+                repeats=repeats, budget_s=budget_s)))
+            fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in max_files]
+            try:
+                timings.append((KEPT_OPEN, measure(
+                    lambda f=fds, q=quotas: python_kept_open(f, next(q)),
+                    repeats=repeats, budget_s=budget_s)))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # back to unlimited
+        for case, stats in timings:
+            ours = case == OURS
+            results.append(Row.of(PART, case, stats, where=bed.where, n=n,
+                                  role="ours" if ours else "baseline", per=f"{n} cgroups",
+                                  versus=None if ours else OURS))
+    results.append(NotMeasured(
+        PART, DOCKER_UPDATE, docker_engine() or "the bench changes no container it did not "
+        "start, and starts none", "about 25 ms per change (the paper's method, figure quoted "
+        "in the issue)", DOCKER_UPDATE_REFERENCE_S))
+    return results

@@ -1,0 +1,145 @@
+"""The cgroups the kernel benchmarks work on, made once per run and shared by the parts.
+
+`Testbed(n, mount)` makes n sibling cgroups under a fresh parent: on a real cgroup v2 mount
+with the cpu controller, or (mount None) as a fake tree of plain files on tmpfs shaped like
+cgroupfs (tests/fakecg.py), which runs the same code paths on the host's CPU but not the
+kernel's cgroup handlers. The first IDLE_PROCESSES cgroups get one sleeping process each,
+so that the psutil baseline has processes to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from bench.timing import FAKE, kernel_place
+from tests.fakecg import make_cgroup
+from tests.guest.cgroups import remove_cgroup_tree
+
+IDLE_PROCESSES = 1000
+FDS_PER_CGROUP = 4
+"""Descriptors a part may hold per cgroup at once: cpu.stat, cpu.max, a ring, a probe."""
+
+# Forks the idle processes (a bare interpreter forks fast, even on an emulated CPU), prints
+# their pids, and on SIGTERM kills and reaps them before it exits.
+_HOLDER = """
+import os, signal, sys
+pids = []
+for _ in range(int(sys.argv[1])):
+    pid = os.fork()
+    if pid == 0:
+        while True:
+            signal.pause()
+    pids.append(pid)
+
+def stop(*_):
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+print(*pids, flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def tmpfs_dir() -> str | None:
+    """A tmpfs to work in (rings, fake trees), or None for the default temporary directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def raise_fd_limit(needed: int) -> None:
+    """Makes room for `needed` more descriptors, raising the hard limit too where we may
+    (root): a guest's init leaves it at 4096, too few for 10,000 cgroups."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = len(os.listdir("/proc/self/fd")) + needed + 64
+    if want <= soft:
+        return
+    if os.geteuid() == 0 and hard != resource.RLIM_INFINITY and want > hard:
+        hard = min(want, int(Path("/proc/sys/fs/nr_open").read_text()))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+
+
+class Testbed:
+    """n cgroups `dirs` under `mount` (or a fake tree), removed by `close`."""
+
+    def __init__(self, n: int, mount: Path | None) -> None:
+        raise_fd_limit(FDS_PER_CGROUP * n)
+        self.fake = mount is None
+        self.where = FAKE if self.fake else kernel_place()
+        self._holder: subprocess.Popen[str] | None = None
+        if mount is None:
+            self.mount = Path(tempfile.mkdtemp(prefix="dqoes-bench-", dir=tmpfs_dir()))
+            self.parent = self.mount / "bench"
+        else:
+            self.mount = mount
+            self.parent = mount / f"dqoes-bench-{os.getpid()}"
+        self.dirs = [self.parent / f"c{i:05d}" for i in range(n)]
+        try:
+            self._make()
+            self.processes = self._start_processes(min(n, IDLE_PROCESSES))
+        except BaseException:
+            self.close()
+            raise
+
+    def _make(self) -> None:
+        if self.fake:
+            for d in self.dirs:
+                make_cgroup(self.mount, str(d.relative_to(self.mount)))
+            return
+        self.parent.mkdir()
+        (self.parent / "cgroup.subtree_control").write_text("+cpu")
+        for d in self.dirs:
+            d.mkdir()
+
+    def _start_processes(self, count: int) -> int:
+        """One idle process in each of the first `count` cgroups (on a fake tree its pid is
+        written to the plain cgroup.procs file). Returns count."""
+        if count == 0:
+            return 0
+        self._holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(count)],
+                                        stdout=subprocess.PIPE, text=True,
+                                        start_new_session=True)
+        assert self._holder.stdout is not None
+        pids = self._holder.stdout.readline().split()
+        if len(pids) != count:
+            raise RuntimeError(f"the idle-process holder started {len(pids)} of {count}")
+        for d, pid in zip(self.dirs, pids, strict=False):
+            (d / "cgroup.procs").write_text(pid)
+        return count
+
+    def describe(self) -> str:
+        kind = "fake cgroupfs tree on tmpfs" if self.fake else f"cgroup v2 at {self.mount}"
+        return (f"{len(self.dirs)} cgroups ({kind}); one idle process in each of the first "
+                f"{self.processes}")
+
+    def close(self) -> None:
+        if self._holder is not None:
+            self._holder.terminate()
+            try:
+                self._holder.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._holder.pid, signal.SIGKILL)
+                self._holder.wait()
+            self._holder = None
+        if self.fake:
+            shutil.rmtree(self.mount, ignore_errors=True)
+        elif self.parent.exists():
+            remove_cgroup_tree(self.parent, timeout=120)
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

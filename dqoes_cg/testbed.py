@@ -1,0 +1,195 @@
+"""A private testbed on a real cgroup v2 host: a cgroup subtree of its own, a dqoesd
+managing it, and inference workers (dqoes_cg.workload) in their own cgroups, each recording
+into the ring the daemon made for it. The demo, the real-kernel tests and the experiments
+all run on it.
+
+    with Testbed("dqoes-demo", workdir) as bed:
+        bed.start_daemon("--interval", "3")
+        bed.add_worker("w1", "small", target_s=0.2, metric="mean")
+        bed.status()
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .cgroup import find_cgroup2_mount
+from .control import DaemonUnavailable, request
+
+CONTROLLERS = "+cpu"
+
+
+@dataclass
+class Worker:
+    name: str  # the target's name: the cgroup path relative to the mount
+    cgroup: Path
+    model: str
+    proc: subprocess.Popen[bytes]
+
+
+class Testbed:
+    def __init__(self, subtree: str, workdir: Path, cpus: float | None = None) -> None:
+        self.mount = find_cgroup2_mount()
+        self.root = self.mount / subtree
+        self.subtree = subtree
+        self.workdir = workdir
+        self.run_dir = workdir / "run"
+        self.state_dir = workdir / "state"
+        self.socket = self.run_dir / "dqoes.sock"
+        self.cpus = cpus
+        self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemon_log = workdir / "dqoesd.log"
+        self.workers: dict[str, Worker] = {}
+
+    def __enter__(self) -> Testbed:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        _enable_cpu(self.mount, self.root)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            _stop(w.proc, signal.SIGKILL)
+        self.workers.clear()
+        if self.daemon is not None:
+            self.stop_daemon()
+        _remove_tree(self.root)
+
+    # --- the daemon ------------------------------------------------------------------
+
+    def start_daemon(self, *args: str) -> None:
+        cmd = [sys.executable, "-m", "dqoes_cg.daemon", "--run-dir", str(self.run_dir),
+               "--state-dir", str(self.state_dir), *args]
+        if self.cpus is not None:
+            cmd += ["--cpus", str(self.cpus)]
+        log = open(self.daemon_log, "ab")  # noqa: SIM115 (the child keeps it)
+        self.daemon = subprocess.Popen(cmd, stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self.request("list")
+                return
+            except DaemonUnavailable:
+                if self.daemon.poll() is not None:
+                    raise RuntimeError(
+                        f"dqoesd exited: {self.daemon_log.read_text()[-2000:]}") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("dqoesd did not answer within 120 s") from None
+                time.sleep(0.2)
+
+    def stop_daemon(self, sig: int = signal.SIGTERM) -> int:
+        assert self.daemon is not None
+        rc = _stop(self.daemon, sig)
+        self.daemon = None
+        return rc
+
+    def request(self, op: str, **args: Any) -> Any:
+        """What `dqoesctl` would send, sent from this process (a Python start per request
+        is seconds on an emulated CPU)."""
+        return request(self.socket, op, timeout=60, **args)
+
+    def status(self) -> dict[str, Any]:
+        return self.request("status")
+
+    # --- workers ---------------------------------------------------------------------
+
+    def add_worker(self, name: str, model: str, target_s: float | None = None,
+                   metric: str = "mean", seed: int = 0) -> Worker:
+        """A worker in cgroup <subtree>/<name>; its target, if any, is set before it
+        starts, so that its ring is there from its first request."""
+        cgroup = self.root / name
+        cgroup.mkdir(exist_ok=True)
+        target_name = f"{self.subtree}/{name}"
+        ring = None
+        if target_s is not None:
+            ring = self.set_target(target_name, target_s, metric)["ring"]
+        env = {**os.environ, "DQOES_RING": ring or str(self.workdir / "no-ring")}
+        procs = str(cgroup / "cgroup.procs")
+
+        def enter_cgroup() -> None:  # in the child, before exec: start inside the cgroup
+            with open(procs, "w") as f:
+                f.write("0")
+
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dqoes_cg.workload", "--model", model, "--seed", str(seed)],
+            env=env, preexec_fn=enter_cgroup, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        worker = Worker(target_name, cgroup, model, proc)
+        self.workers[name] = worker
+        return worker
+
+    def set_target(self, name: str, target_s: float, metric: str = "mean") -> dict[str, Any]:
+        return self.request("set-target", container=name, target_s=target_s, metric=metric,
+                            pending=False)
+
+    def cpu_max(self, name: str) -> str:
+        return (self.root / name / "cpu.max").read_text().strip()
+
+
+def solo_latency(model: str, seconds: float = 2.0) -> float:
+    """Mean latency of one request of `model` alone on an idle machine (in this process)."""
+    from .workload import build_model
+
+    infer = build_model(model)
+    infer()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        infer()
+        n += 1
+    return (time.perf_counter() - start) / n
+
+
+def _enable_cpu(mount: Path, cgroup: Path) -> None:
+    """Create `cgroup`, with the cpu controller passed down from the mount to its children."""
+    cgroup.mkdir(parents=True, exist_ok=True)
+    parts = cgroup.relative_to(mount).parts
+    for d in [*(mount.joinpath(*parts[:i]) for i in range(len(parts))), cgroup]:
+        control = d / "cgroup.subtree_control"
+        if "cpu" not in control.read_text().split():
+            control.write_text(CONTROLLERS)
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
+def _remove_tree(cgroup: Path) -> None:
+    """Kill what is left in a cgroup tree and remove it, children first."""
+    if not cgroup.is_dir():
+        return
+    kill = cgroup / "cgroup.kill"
+    if kill.exists():
+        kill.write_text("1")
+    deadline = time.monotonic() + 10
+    for d in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        _rmdir(d, deadline)
+    _rmdir(cgroup, deadline)
+
+
+def _rmdir(d: Path, deadline: float) -> None:
+    while True:
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY while killed processes are still exiting
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

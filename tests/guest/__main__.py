@@ -1,0 +1,54 @@
+"""python3 -m tests.guest [options] -- CMD ARGS...
+
+Boot one throwaway cgroup v2 guest, run CMD in the current directory inside it with this
+environment, stream its output and exit with its status (125 if the guest failed, 124 if
+it timed out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .prereqs import missing_guest_packages
+from .vm import Guest, GuestConfig, GuestError, GuestTimeout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tests.guest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="seconds CMD may run (default: no limit)")
+    parser.add_argument("--boot-timeout", type=float, default=60.0, metavar="S")
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--memory", type=int, default=2048, metavar="MIB")
+    parser.add_argument("--append", action="append", default=[], metavar="ARG",
+                        help="extra kernel argument (repeatable), e.g. loglevel=7")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="report the boot time and where the console log is")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    missing = missing_guest_packages()
+    if missing:
+        print(f"cannot boot the guest: missing Debian packages {' '.join(missing)} "
+              "(run tests/guest/install-deps)", file=sys.stderr)
+        return 125
+
+    config = GuestConfig(cpus=args.cpus, memory_mib=args.memory,
+                         cmdline_extra=tuple(args.append), boot_timeout=args.boot_timeout)
+    with Guest(config) as guest:
+        try:
+            status = guest.run(command, run_timeout=args.timeout)
+        except GuestError as e:
+            print(f"guest: {e}", file=sys.stderr)
+            return 124 if isinstance(e, GuestTimeout) else 125
+        if args.verbose:
+            print(f"guest: booted in {guest.boot_seconds:.2f} s", file=sys.stderr)
+        return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Smoke tests of the benchmarks (bench/): every part runs at tiny N and the report is
+written, so the bench cannot rot. No timing is asserted: only that figures exist."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import applying, policy_loop, report, sampling, tick
+from bench.__main__ import main
+from bench.report import Results
+from bench.timing import FAKE, HOST, NotMeasured, Row, Stats
+
+KERNEL_PARTS = {sampling.PART, applying.PART, tick.PART}
+
+
+def _cases(res: Results, where: str) -> set[tuple[str, str]]:
+    return {(r.part, r.case) for r in res.rows if r.where == where}
+
+
+def test_quick_run_on_the_host_writes_the_report(tmp_path: Path) -> None:
+    assert main(["--quick", "--part", "host", "--out", str(tmp_path)]) == 0
+
+    res = Results.from_json(json.loads((tmp_path / "results.json").read_text()))
+    assert {r.part for r in res.rows if r.where == HOST} == {"ring", policy_loop.PART}
+    fake = _cases(res, FAKE)
+    for part, case in [(sampling.PART, sampling.OURS), (sampling.PART, sampling.PER_FILE),
+                       (sampling.PART, sampling.PSUTIL), (applying.PART, applying.OURS),
+                       (applying.PART, applying.PER_FILE), (tick.PART, tick.SENSE),
+                       (tick.PART, tick.WRITE_ALL)]:
+        assert (part, case) in fake
+    assert all(r.median_s > 0 and r.p10_s <= r.median_s <= r.p90_s for r in res.rows)
+    assert [d.where for d in res.daemon] == [FAKE]
+    assert res.daemon[0].ticks >= 1 and res.daemon[0].rss_mb > 0
+    assert {m.case for m in res.not_measured} >= {sampling.DOCKER_STATS, applying.DOCKER_UPDATE}
+    assert set(res.places) == {HOST, FAKE}
+
+    text = (tmp_path / "REPORT.md").read_text()
+    for heading in ("## Targets", "## 1. Sampling", "## 2. Applying", "## 3. The latency ring",
+                    "## 4. The policy", "## 5. A whole tick", "## Not measured"):
+        assert heading in text
+    assert "reference figure (not measured here)" in text
+    assert (tmp_path / "tick_cost.png").read_bytes().startswith(b"\x89PNG")
+
+
+def _row(part: str, case: str, median: float, n: int, role: str = "ours",
+         versus: str | None = None, where: str = FAKE) -> Row:
+    return Row.of(part, case, Stats(median, median, median, 3), where=where, n=n, role=role,
+                  versus=versus)
+
+
+def test_targets_are_checked_against_the_figures_of_their_place() -> None:
+    res = Results(rows=[
+        _row(sampling.PART, sampling.OURS, 1e-3, 1000),
+        _row(sampling.PART, sampling.PER_FILE, 10e-3, 1000, "baseline", sampling.OURS),
+        _row(tick.PART, tick.WRITE_ALL, 1e-3, 1000), _row(tick.PART, tick.SENSE, 5e-4, 1000),
+        _row(policy_loop.PART, policy_loop.OURS, 1e-4, 100, where=HOST),
+    ], not_measured=[NotMeasured(sampling.PART, sampling.DOCKER_STATS, "no engine",
+                                 "2 s", 2.0)])
+    checks = report.check_targets(res)
+
+    def check(prefix: str) -> report.Check:
+        return next(c for c in checks if c.target.startswith(prefix))
+
+    assert check("whole tick").met is True  # 1 ms
+    python = check("sampling >= 20x")
+    assert (python.figure, python.met) == ("10.0x", False)
+    docker = check("sampling >= 10,000x")  # 2 s against 1 µs per cgroup, a reference figure
+    assert (docker.figure, docker.met) == ("2,000,000x", True)
+    assert "NOT measured" in docker.note
+    assert check("vectorized policy").met is None  # not run at N=1000
+
+
+@pytest.mark.kernel
+def test_quick_kernel_part_on_a_real_cgroup(cgroup2_mount: Path, tmp_path: Path) -> None:
+    out = tmp_path / "kernel.json"
+    assert main(["--quick", "--part", "kernel", "--json", str(out)]) == 0
+
+    res = Results.from_json(json.loads(out.read_text()))
+    assert {r.part for r in res.rows} == KERNEL_PARTS
+    assert all(r.where != FAKE and r.median_s > 0 for r in res.rows)
+    assert len(res.daemon) == 1 and res.daemon[0].ticks >= 1
+    assert not list(cgroup2_mount.glob("dqoes-bench-*"))  # the testbed cleaned up
