@@ -5,9 +5,9 @@
 Parts: "host" is what runs on this machine's CPU: the ring and the policy, and the kernel
 parts (sampling, applying, whole tick, daemon) over a fake cgroupfs tree on tmpfs. "kernel"
 is those kernel parts on a real cgroup v2 hierarchy with the cpu controller: on this host if
-it has one, else inside a qemu guest (tests/guest), which runs `python3 -m bench --part
-kernel --json FILE` and leaves FILE in its writable control share. The report goes to DIR
-(default bench/results): results.json, REPORT.md, tick_cost.png.
+it has one, else inside a qemu guest (`python3 -m tests.guest`), which runs `python3 -m
+bench --part kernel --json FILE` with FILE in a host directory it may write to. The report
+goes to DIR (default bench/results): results.json, REPORT.md, tick_cost.png.
 """
 
 from __future__ import annotations
@@ -20,19 +20,20 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bench import applying, daemon_overhead, policy_loop, report, ring_bench, sampling, tick
+from bench.cgroups import Cgroups
 from bench.report import Results
-from bench.testbed import Testbed
 from bench.timing import FAKE, HOST, NotMeasured, format_table
 from tests.guest.cgroups import cgroup2_cpu_mount
 
 ROOT = Path(__file__).resolve().parents[1]
-GUEST_TIMEOUT_S = 3 * 3600.0
+GUEST_TIMEOUT_S = 3600.0
 GUEST_MEMORY_MIB = 4096  # 10,000 cgroups and 1,000 idle processes
 
 
@@ -63,8 +64,8 @@ def machine() -> str:
             f"Python {platform.python_version()}, numpy {np.__version__}")
 
 
-def describe_place(bed: Testbed) -> str:
-    if bed.fake:
+def describe_place(cgroups: Cgroups) -> str:
+    if cgroups.fake:
         kind = ("the host's CPU, the kernel's cgroup files replaced by plain files on tmpfs "
                 "(the same code paths and system calls, not the kernel's cgroup handlers)")
     elif os.environ.get("DQOES_GUEST") == "1":
@@ -72,19 +73,19 @@ def describe_place(bed: Testbed) -> str:
                 "times slower than the host), real cgroup v2")
     else:
         kind = "this host's real cgroup v2"
-    return f"{kind}; {machine()}; {bed.describe()}"
+    return f"{kind}; {machine()}; {cgroups.describe()}"
 
 
 def kernel_parts(sizes: Sizes, mount: Path | None) -> Results:
-    """Sampling, applying, tick and daemon on one testbed: `mount` or a fake tree."""
+    """Sampling, applying, tick and daemon on one set of cgroups: under `mount`, or a fake tree."""
     res = Results()
     n = max(*sizes.ns, *sizes.tick_ns, sizes.daemon_n)
-    with Testbed(n, mount) as bed:
-        res.places[bed.where] = describe_place(bed)
-        res.add(sampling.run(bed, list(sizes.ns), sizes.repeats, sizes.budget_s))
-        res.add(applying.run(bed, list(sizes.ns), sizes.repeats, sizes.budget_s))
-        res.add(tick.run(bed, list(sizes.tick_ns), sizes.repeats, sizes.budget_s))
-        res.daemon.append(daemon_overhead.run(bed, sizes.daemon_n, sizes.daemon_s))
+    with Cgroups(n, mount) as cgroups:
+        res.places[cgroups.where] = describe_place(cgroups)
+        res.add(sampling.run(cgroups, list(sizes.ns), sizes.repeats, sizes.budget_s))
+        res.add(applying.run(cgroups, list(sizes.ns), sizes.repeats, sizes.budget_s))
+        res.add(tick.run(cgroups, list(sizes.tick_ns), sizes.repeats, sizes.budget_s))
+        res.daemon.append(daemon_overhead.run(cgroups, sizes.daemon_n, sizes.daemon_s))
     return res
 
 
@@ -97,16 +98,17 @@ def host_parts(sizes: Sizes, quick: bool) -> Results:
 
 
 def kernel_in_guest(quick: bool) -> Results:
-    """The kernel parts in a qemu guest; its output streams to ours."""
-    from tests.guest.vm import Guest, GuestConfig
-
-    with Guest(GuestConfig(memory_mib=GUEST_MEMORY_MIB)) as guest:
-        out = guest.ctl_dir / "kernel.json"
-        argv = [sys.executable, "-m", "bench", "--part", "kernel", "--json", str(out)]
-        status = guest.run(argv + (["--quick"] if quick else []), cwd=ROOT,
-                           run_timeout=GUEST_TIMEOUT_S)
-        if status != 0:
-            raise RuntimeError(f"the bench in the guest exited with status {status}")
+    """The kernel parts in a qemu guest (tests/guest), which writes its results into a
+    host directory shared writable with it; its output streams to ours."""
+    with tempfile.TemporaryDirectory(prefix="dqoes-bench-guest-") as shared:
+        out = Path(shared) / "kernel.json"
+        command = [sys.executable, "-m", "tests.guest", "--memory", str(GUEST_MEMORY_MIB),
+                   "--timeout", str(GUEST_TIMEOUT_S), "--writable", shared, "--",
+                   sys.executable, "-m", "bench", "--part", "kernel", "--json", str(out),
+                   *(["--quick"] if quick else [])]
+        status = subprocess.run(command, cwd=ROOT, check=False).returncode
+        if status != 0 or not out.exists():
+            raise RuntimeError(f"the bench in the guest failed (status {status})")
         return Results.from_json(json.loads(out.read_text()))
 
 

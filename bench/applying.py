@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bench.cgroups import Cgroups
 from bench.sampling import docker_engine
-from bench.testbed import Testbed
 from bench.timing import NotMeasured, Row, measure
 from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 
@@ -36,10 +36,10 @@ def python_kept_open(fds: list[int], quota: int) -> None:
         os.pwrite(fd, f"{quota} {DEFAULT_PERIOD_USEC}\n".encode(), 0)
 
 
-def run(bed: Testbed, ns: list[int], repeats: int, budget_s: float) -> list[Row | NotMeasured]:
+def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row | NotMeasured]:
     results: list[Row | NotMeasured] = []
     for n in ns:
-        dirs = bed.dirs[:n]
+        dirs = cgroups.dirs[:n]
         max_files = [str(d / "cpu.max") for d in dirs]
         quotas = itertools.cycle(QUOTAS_USEC)
         with CgroupTable(dirs) as table:
@@ -65,7 +65,7 @@ def run(bed: Testbed, ns: list[int], repeats: int, budget_s: float) -> list[Row 
             table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # back to unlimited
         for case, stats in timings:
             ours = case == OURS
-            results.append(Row.of(PART, case, stats, where=bed.where, n=n,
+            results.append(Row.of(PART, case, stats, where=cgroups.where, n=n,
                                   role="ours" if ours else "baseline", per=f"{n} cgroups",
                                   versus=None if ours else OURS))
     results.append(NotMeasured(

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.testbed import Testbed, tmpfs_dir
+from bench.cgroups import Cgroups, tmpfs_dir
 from bench.tick import RING_CAPACITY, Producers, write_state
 
 PRODUCER_HZ = 10
@@ -66,19 +66,19 @@ def _notifications(sock: socket.socket) -> list[str]:
             return messages
 
 
-def run(bed: Testbed, n: int, seconds: float) -> DaemonOverhead:
+def run(cgroups: Cgroups, n: int, seconds: float) -> DaemonOverhead:
     work = Path(tempfile.mkdtemp(prefix="dqoes-bench-daemon-", dir=tmpfs_dir()))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
     daemon: subprocess.Popen[bytes] | None = None
     producers: Producers | None = None
     try:
         sock.bind(str(work / "notify"))
-        names = write_state(work / "state", bed.dirs[:n])
+        names = write_state(work / "state", cgroups.dirs[:n])
         with (work / "dqoesd.log").open("wb") as log:
             daemon = subprocess.Popen(
                 [sys.executable, "-m", "dqoes_cg.daemon", "--sample-interval",
                  str(SAMPLE_INTERVAL_S), "--state-dir", str(work / "state"),
-                 "--run-dir", str(work / "run"), "--cgroup-mount", str(bed.mount),
+                 "--run-dir", str(work / "run"), "--cgroup-mount", str(cgroups.mount),
                  "--ring-capacity", str(RING_CAPACITY)],
                 stdout=log, stderr=log,
                 env={**os.environ, "NOTIFY_SOCKET": str(work / "notify")})
@@ -93,7 +93,7 @@ def run(bed: Testbed, n: int, seconds: float) -> DaemonOverhead:
         used, elapsed = cpu_seconds(daemon.pid) - start_cpu, time.monotonic() - start
         ticks += sum(m.startswith("WATCHDOG=1") for m in _notifications(sock))
         memory = memory_mb(daemon.pid)
-        return DaemonOverhead(bed.where, n, elapsed, ticks, used, 100 * used / elapsed,
+        return DaemonOverhead(cgroups.where, n, elapsed, ticks, used, 100 * used / elapsed,
                               memory["VmRSS"], memory["RssAnon"], memory["VmHWM"])
     finally:
         if producers is not None:

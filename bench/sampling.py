@@ -12,7 +12,7 @@ import time
 import numpy as np
 import psutil
 
-from bench.testbed import Testbed
+from bench.cgroups import Cgroups
 from bench.timing import NotMeasured, Row, Stats, measure, summarize
 from dqoes_cg.cgtable import CgroupTable
 
@@ -93,10 +93,10 @@ def _docker_stats(repeats: int, where: str) -> Row | NotMeasured:
                   role="baseline", per=f"{len(ids)} containers", versus=OURS)
 
 
-def run(bed: Testbed, ns: list[int], repeats: int, budget_s: float) -> list[Row | NotMeasured]:
+def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row | NotMeasured]:
     results: list[Row | NotMeasured] = []
     for n in ns:
-        dirs = bed.dirs[:n]
+        dirs = cgroups.dirs[:n]
         stat_files = [str(d / "cpu.stat") for d in dirs]
         out = np.zeros((len(KEYS), n), np.uint64)
         with CgroupTable(dirs) as table:
@@ -118,13 +118,13 @@ def run(bed: Testbed, ns: list[int], repeats: int, budget_s: float) -> list[Row 
         cpu = np.zeros(n)
         timings.append((PSUTIL, measure(lambda f=procs_files, o=cpu: psutil_cpu(f, o),
                                         repeats=repeats, budget_s=budget_s)))
-        with_process = min(n, bed.processes)
+        with_process = min(n, cgroups.processes)
         for case, stats in timings:
             ours = case == OURS
             results.append(Row.of(
-                PART, case, stats, where=bed.where, n=n, role="ours" if ours else "baseline",
+                PART, case, stats, where=cgroups.where, n=n, role="ours" if ours else "baseline",
                 per=f"{n} cgroups", versus=None if ours else OURS,
                 note=f"{with_process} of the {n} cgroups hold one process" if case == PSUTIL
                 else ""))
-    results.append(_docker_stats(repeats, bed.where))
+    results.append(_docker_stats(repeats, cgroups.where))
     return results

@@ -3,7 +3,7 @@ sample every cpu.stat, drain every ring, read back every cpu.max, and when the p
 decide and write the limits.
 
 The controller is built as dqoesd builds it after a restart: a state file lists the targets,
-each bound to one of the testbed's cgroups, and the controller re-adopts them. Before each
+each bound to one of the benchmark's cgroups, and the controller re-adopts them. Before each
 timed tick a producer puts RECORDS_PER_TICK latencies in every ring (a third of the
 containers beat their target, a third meet it, a third miss it), so each container has a
 measurement. Variants:
@@ -12,6 +12,8 @@ measurement. Variants:
   after the first round, so few cpu.max writes happen;
 - with decide, all N limits written: as above, and every cpu.max rewritten (the table's
   record of what it wrote is forgotten first), the worst case.
+Beside them: the tick's three C calls on their own, and the status line dqoesd builds after
+every tick (Controller.summary).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.testbed import Testbed, tmpfs_dir
+from bench.cgroups import Cgroups, tmpfs_dir
 from bench.timing import Row, measure
 from dqoes_cg.controller import Config, Controller, ring_dir_name
 from dqoes_cg.probe import Probe
@@ -36,6 +38,9 @@ SENSE = "tick, sense only (sample + drain + read back)"
 DECIDE = "tick with decide (+ policy, apply what changed)"
 WRITE_ALL = "tick with decide, all N cpu.max written"
 SUMMARY = "Controller.summary() (dqoesd calls it every tick)"
+PART_SAMPLE = "within a tick: CgroupTable.sample"
+PART_DRAIN = "within a tick: RingSet.drain"
+PART_READ_BACK = "within a tick: CgroupTable.read_back (reconcile)"
 TARGET_S = 0.1
 LATENCIES_S = (0.05, 0.1, 0.2)  # beats, meets, misses TARGET_S
 RECORDS_PER_TICK = 4
@@ -91,10 +96,10 @@ def controller_for(dirs: list[Path], mount: Path) -> Iterator[tuple[Controller, 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(bed: Testbed, ns: list[int], repeats: int, budget_s: float) -> list[Row]:
+def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row]:
     rows = []
     for n in ns:
-        with controller_for(bed.dirs[:n], bed.mount) as (controller, producers):
+        with controller_for(cgroups.dirs[:n], cgroups.mount) as (controller, producers):
             def tick(c: Controller = controller) -> None:
                 c.tick(time.monotonic())
 
@@ -120,9 +125,15 @@ def run(bed: Testbed, ns: list[int], repeats: int, budget_s: float) -> list[Row]
                 decided = controller.counters.decisions - decisions
                 if (case == SENSE) != (decided == 0):
                     raise RuntimeError(f"{case}: {decided} policy rounds ran")
-                rows.append(Row.of(PART, case, stats, where=bed.where, n=n, per="tick",
+                rows.append(Row.of(PART, case, stats, where=cgroups.where, n=n, per="tick",
                                    note=f"{RECORDS_PER_TICK} records per ring per tick"))
-            rows.append(Row.of(PART, SUMMARY, measure(controller.summary, repeats=repeats,
-                                                      budget_s=budget_s),
-                               where=bed.where, n=n, per="call"))
+            fleet = controller.fleet
+            parts = [(SUMMARY, controller.summary, None),
+                     (PART_SAMPLE, fleet.table.sample, None),
+                     (PART_DRAIN, fleet.rings.drain, fill),
+                     (PART_READ_BACK, fleet.table.read_back, None)]
+            for case, fn, setup in parts:
+                rows.append(Row.of(PART, case, measure(fn, setup=setup, repeats=repeats,
+                                                       budget_s=budget_s),
+                                   where=cgroups.where, n=n, per="call"))
     return rows

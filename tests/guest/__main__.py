@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .prereqs import missing_guest_packages
-from .vm import Guest, GuestConfig, GuestError, GuestTimeout
+from .vm import Guest, GuestConfig, GuestError, GuestTimeout, Share
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", type=int, default=2048, metavar="MIB")
     parser.add_argument("--append", action="append", default=[], metavar="ARG",
                         help="extra kernel argument (repeatable), e.g. loglevel=7")
+    parser.add_argument("--writable", action="append", default=[], type=Path, metavar="DIR",
+                        help="a host directory the guest may write to, at the same path "
+                             "(repeatable); everything else the guest writes is thrown away")
     parser.add_argument("-v", "--verbose", action="store_true",
-                        help="report the boot time and where the console log is")
+                        help="report the boot time")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -38,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         return 125
 
     config = GuestConfig(cpus=args.cpus, memory_mib=args.memory,
-                         cmdline_extra=tuple(args.append), boot_timeout=args.boot_timeout)
+                         cmdline_extra=tuple(args.append), boot_timeout=args.boot_timeout,
+                         shares=tuple(Share(f"rw{i}", d.resolve(), writable=True)
+                                      for i, d in enumerate(args.writable)))
     with Guest(config) as guest:
         try:
             status = guest.run(command, run_timeout=args.timeout)

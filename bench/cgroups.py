@@ -1,6 +1,6 @@
 """The cgroups the kernel benchmarks work on, made once per run and shared by the parts.
 
-`Testbed(n, mount)` makes n sibling cgroups under a fresh parent: on a real cgroup v2 mount
+`Cgroups(n, mount)` makes n sibling cgroups under a fresh parent: on a real cgroup v2 mount
 with the cpu controller, or (mount None) as a fake tree of plain files on tmpfs shaped like
 cgroupfs (tests/fakecg.py), which runs the same code paths on the host's CPU but not the
 kernel's cgroup handlers. The first IDLE_PROCESSES cgroups get one sleeping process each,
@@ -70,7 +70,7 @@ def raise_fd_limit(needed: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
 
 
-class Testbed:
+class Cgroups:
     """n cgroups `dirs` under `mount` (or a fake tree), removed by `close`."""
 
     def __init__(self, n: int, mount: Path | None) -> None:
@@ -137,7 +137,7 @@ class Testbed:
         elif self.parent.exists():
             remove_cgroup_tree(self.parent, timeout=120)
 
-    def __enter__(self) -> Testbed:
+    def __enter__(self) -> Cgroups:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
