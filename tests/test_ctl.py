@@ -235,3 +235,46 @@ def test_targets_survive_a_crash_and_a_clean_stop(daemon: Daemon) -> None:
     assert "stopped" in err
     daemon.start()
     assert len(json.loads(daemon.ctl("list", "--json").stdout)) == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_control_group_may_change_targets(tmp_path: Path) -> None:
+    run = Path(tempfile.mkdtemp(prefix="dqoes-group-"))
+    os.chmod(run, 0o755)
+    d = Daemon(tmp_path, run=run)
+    make_cgroup(d.mount, "pods/web")
+    d.start("--group", "nogroup")
+    try:
+        os.setegid(65534)
+        os.seteuid(65534)
+        try:
+            allowed = ctl.main(["--socket", str(d.socket), "set-target", "pods/web", "40ms"])
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+        assert allowed == 0
+        assert [t["name"] for t in json.loads(d.ctl("list", "--json").stdout)] == ["pods/web"]
+    finally:
+        d.stop()
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def test_sd_notify_ready_status_watchdog(tmp_path: Path) -> None:
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(30)
+    d = Daemon(tmp_path)
+    make_cgroup(d.mount, "pods/web")
+    os.environ["NOTIFY_SOCKET"] = str(tmp_path / "notify")
+    try:
+        d.start()
+    finally:
+        del os.environ["NOTIFY_SOCKET"]
+    try:
+        seen: set[str] = set()
+        while not {"READY=1", "WATCHDOG=1"} <= seen:
+            seen.update(notify.recv(4096).decode().splitlines())
+        assert any(line.startswith("STATUS=0 bound") for line in seen), seen
+    finally:
+        d.stop()
+        notify.close()
