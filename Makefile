@@ -2,15 +2,70 @@
 PYTHON ?= python3
 PREFIX ?= /usr/local
 
-.PHONY: deps demo test install uninstall
+.PHONY: deps demo test install install-package install-unit uninstall
 
 # System packages for the real-kernel guest, then the package itself (editable) with its extras.
 deps:
 	bash tests/guest/install-deps
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 
+# The demo runs here if this host has cgroup v2 with the cpu controller, else in a qemu guest
+# with a real kernel (tests/guest), which may write only to DEMO_OUT.
+DEMO_OUT ?= demo-output
 demo: deps
-	$(PYTHON) -m dqoes_cg.demo
+	@mkdir -p $(DEMO_OUT)
+	@redraw=$$([ -t 1 ] && echo --redraw); \
+	if $(PYTHON) -c 'from tests.guest.cgroups import cgroup2_cpu_mount as m; exit(m() is None)'; then \
+		$(PYTHON) -m dqoes_cg.demo --out $(DEMO_OUT) $$redraw; \
+	else \
+		echo "This host has no cgroup v2 cpu controller: the demo runs in a qemu guest (real Linux kernel, emulated CPUs; booting takes a few seconds)."; \
+		$(PYTHON) -m tests.guest --writable $(DEMO_OUT) -- $(PYTHON) -m dqoes_cg.demo --out $(DEMO_OUT) $$redraw; \
+	fi
 
 test: deps
 	$(PYTHON) -m pytest -q -rs
+
+# --- dqoesd as a system service (run as root; see README, "Running it as a service") ------
+UNITDIR ?= /etc/systemd/system
+STATEDIR ?= /var/lib/dqoes
+RUNDIR ?= /run/dqoes
+DEFAULTS ?= /etc/default/dqoesd
+# What pip installs: this checkout, or a wheel built elsewhere (`pip wheel .`).
+PACKAGE ?= .
+PIP_FLAGS ?=
+# Where pip puts the console scripts of $(PYTHON).
+SCRIPTS := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+SYSTEMD_RUNNING = test -d /run/systemd/system
+
+# The package for $(PYTHON), dqoesd and dqoesctl on $(PREFIX)/bin, the state directory, the
+# unit (ExecStart: the installed dqoesd) and its options file; systemd creates $(RUNDIR).
+install: install-package install-unit
+	! $(SYSTEMD_RUNNING) || systemctl daemon-reload
+	@echo "dqoesd installed: systemctl enable --now dqoesd; options in $(DEFAULTS)"
+
+install-package:
+	$(PYTHON) -m pip install -q --disable-pip-version-check $(PIP_FLAGS) $(PACKAGE)
+	install -d -m 0755 $(PREFIX)/bin
+	for s in dqoesd dqoesctl; do \
+	    [ "$(SCRIPTS)" = "$(PREFIX)/bin" ] || ln -sf $(SCRIPTS)/$$s $(PREFIX)/bin/$$s; done
+	install -d -m 0700 $(STATEDIR)
+
+install-unit:
+	install -d -m 0755 $(UNITDIR)
+	sed 's|^ExecStart=[^ ]*|ExecStart=$(SCRIPTS)/dqoesd|' systemd/dqoesd.service \
+	    > $(UNITDIR)/dqoesd.service.tmp
+	chmod 0644 $(UNITDIR)/dqoesd.service.tmp
+	mv $(UNITDIR)/dqoesd.service.tmp $(UNITDIR)/dqoesd.service
+	[ -e $(DEFAULTS) ] || install -m 0644 systemd/dqoesd.default $(DEFAULTS)
+
+# Stop the service (which gives every container its limit back) and remove what install
+# put in place; an options file that was edited is kept.
+uninstall:
+	! $(SYSTEMD_RUNNING) || systemctl disable --now dqoesd.service || true
+	rm -f $(UNITDIR)/dqoesd.service
+	! $(SYSTEMD_RUNNING) || systemctl daemon-reload
+	for s in dqoesd dqoesctl; do \
+	    [ ! -L $(PREFIX)/bin/$$s ] || rm -f $(PREFIX)/bin/$$s; done
+	! cmp -s systemd/dqoesd.default $(DEFAULTS) || rm -f $(DEFAULTS)
+	rm -rf $(STATEDIR) $(RUNDIR)
+	$(PYTHON) -m pip uninstall -q -y dqoes-cg

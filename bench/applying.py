@@ -42,6 +42,15 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[
         dirs = cgroups.dirs[:n]
         max_files = [str(d / "cpu.max") for d in dirs]
         quotas = itertools.cycle(QUOTAS_USEC)
+        timings = [(PER_FILE, measure(lambda f=max_files, q=quotas: python_per_file(f, next(q)),
+                                      repeats=repeats, budget_s=budget_s))]
+        fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in max_files]
+        try:
+            timings.append((KEPT_OPEN, measure(lambda f=fds, q=quotas: python_kept_open(f, next(q)),
+                                               repeats=repeats, budget_s=budget_s)))
+        finally:
+            for fd in fds:
+                os.close(fd)
         with CgroupTable(dirs) as table:
             requests = itertools.cycle([np.full(n, q, np.int64) for q in QUOTAS_USEC])
 
@@ -50,18 +59,7 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[
                 if table.apply(next(requests), DEFAULT_PERIOD_USEC) != len(table):
                     raise RuntimeError(f"CgroupTable.apply failed: {table.error(0)}")
 
-            timings = [(OURS, measure(apply, repeats=repeats, budget_s=budget_s))]
-            timings.append((PER_FILE, measure(
-                lambda f=max_files, q=quotas: python_per_file(f, next(q)),
-                repeats=repeats, budget_s=budget_s)))
-            fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in max_files]
-            try:
-                timings.append((KEPT_OPEN, measure(
-                    lambda f=fds, q=quotas: python_kept_open(f, next(q)),
-                    repeats=repeats, budget_s=budget_s)))
-            finally:
-                for fd in fds:
-                    os.close(fd)
+            timings.insert(0, (OURS, measure(apply, repeats=repeats, budget_s=budget_s)))
             table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # back to unlimited
         for case, stats in timings:
             ours = case == OURS

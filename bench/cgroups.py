@@ -24,8 +24,10 @@ from tests.fakecg import make_cgroup
 from tests.guest.cgroups import remove_cgroup_tree
 
 IDLE_PROCESSES = 1000
-FDS_PER_CGROUP = 4
-"""Descriptors a part may hold per cgroup at once: cpu.stat, cpu.max, a ring, a probe."""
+FDS_PER_CGROUP = 2
+"""Descriptors the sampling and applying parts hold per cgroup at once (cpu.stat, cpu.max);
+the tick holds two more (a ring, a probe), at most 1,000 cgroups."""
+FD_MARGIN = 64
 
 # Forks the idle processes (a bare interpreter forks fast, even on an emulated CPU), prints
 # their pids, and on SIGTERM kills and reaps them before it exits.
@@ -58,23 +60,32 @@ def tmpfs_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
-def raise_fd_limit(needed: int) -> None:
-    """Makes room for `needed` more descriptors, raising the hard limit too where we may
-    (root): a guest's init leaves it at 4096, too few for 10,000 cgroups."""
+def raise_fd_limit(needed: int) -> int:
+    """Makes room for `needed` more descriptors as far as allowed, raising the hard limit
+    too where we may (a guest's init leaves it at 4096, too few for 10,000 cgroups).
+    Returns how many more may be opened."""
+    in_use = len(os.listdir("/proc/self/fd")) + FD_MARGIN
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = len(os.listdir("/proc/self/fd")) + needed + 64
-    if want <= soft:
-        return
-    if os.geteuid() == 0 and hard != resource.RLIM_INFINITY and want > hard:
-        hard = min(want, int(Path("/proc/sys/fs/nr_open").read_text()))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    want = in_use + needed
+    if hard != resource.RLIM_INFINITY and want > hard:
+        ceiling = min(want, int(Path("/proc/sys/fs/nr_open").read_text()))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, ceiling))
+        except (ValueError, OSError):  # not privileged: stay within the hard limit
+            pass
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and want > soft:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return soft - in_use
 
 
 class Cgroups:
-    """n cgroups `dirs` under `mount` (or a fake tree), removed by `close`."""
+    """n cgroups `dirs` under `mount` (or a fake tree), removed by `close`; `fd_room`: how
+    many descriptors this process may still open."""
 
     def __init__(self, n: int, mount: Path | None) -> None:
-        raise_fd_limit(FDS_PER_CGROUP * n)
+        self.fd_room = raise_fd_limit(FDS_PER_CGROUP * n)
         self.fake = mount is None
         self.where = FAKE if self.fake else kernel_place()
         self._holder: subprocess.Popen[str] | None = None

@@ -41,6 +41,7 @@ from .fleet import Fleet, format_cpu_max
 from .policy import Cls, DQoES, Policy
 from .ring import DEFAULT_CAPACITY, create_ring, ring_path
 from .state import METRICS, StateStore, Target, check_target
+from .systemd_units import UnitLimiter, UnitQuotas
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +82,15 @@ class Counters:
     last_decision_wall: float | None = None
     interval: float = 0.0
     totals: dict[str, float] = field(default_factory=dict)
+    class_counts: list[int] = field(default_factory=lambda: [0] * len(Cls))
 
 
 class Controller:
     def __init__(self, cfg: Config, policy: Policy | None = None,
-                 resolver: Callable[..., Any] = resolve) -> None:
+                 resolver: Callable[..., Any] = resolve,
+                 limiter: UnitLimiter | None = None) -> None:
         self.cfg = cfg
+        self.limiter = limiter  # tells systemd the limits of cgroups that are its units
         self.mount = cfg.mount or find_cgroup2_mount()
         self.cpus = cfg.cpus or float(os.cpu_count() or 1)
         self.policy = policy or DQoES(cfg.alpha, cfg.beta, cfg.iv_initial, cfg.iv_max)
@@ -108,6 +112,7 @@ class Controller:
         bound = [t for t in self.targets.values() if t.cgroup]
         fleet = Fleet(bound, [self._ring(t.name) for t in bound], self.cpus,
                       self.cfg.ring_capacity, previous, now)
+        self.unit_quotas = UnitQuotas(self.limiter, [t.cgroup for t in bound], self.mount)
         if previous is not None:
             previous.table.close()  # its rings were adopted by the new fleet
         self.policy.resize(len(fleet))
@@ -181,6 +186,7 @@ class Controller:
         np.copyto(t.period_usec, f.original_period, where=owned)
         np.copyto(t.period_usec, LEAVE_ALONE, where=mask & ~owned)
         t.apply()
+        self.unit_quotas.tell(t.quota_usec, t.period_usec)
         failed = owned & (t.apply_status != Status.OK)
         for i in np.flatnonzero(failed):
             log.warning("%s: could not restore cpu.max (%s)", f.names[i], t.error(int(i)))
@@ -223,6 +229,8 @@ class Controller:
                         format_cpu_max(int(t.last_quota_usec[i]), int(t.last_period_usec[i])))
         t.invalidate(t.drifted)
         t.apply()
+        # systemd may have put its own value back (daemon-reload): tell it ours again.
+        self.unit_quotas.tell(t.quota_usec, t.period_usec, again=t.drifted)
 
     def _decide(self, now: float) -> None:
         f = self.fleet
@@ -244,9 +252,11 @@ class Controller:
         c.last_decision, c.last_decision_wall = now, time.time()
         c.interval = decision.interval
         c.totals = {k: float(v) for k, v in decision.totals.items()}
+        c.class_counts = np.bincount(f.classes, minlength=len(Cls)).tolist()
         f._request()
         self._save_originals()
         f.table.apply()
+        self.unit_quotas.tell(f.table.quota_usec, f.table.period_usec)
 
     def _save_originals(self) -> None:
         """Before the first write to a cgroup, keep the cpu.max it had (in the state file)."""
@@ -395,9 +405,12 @@ class Controller:
         return {"host": host, "containers": containers}
 
     def summary(self) -> str:
-        h = self.status()["host"]
-        return (f"{len(self.fleet)} bound, {h['pending']} pending; G {h['G']} S {h['S']} "
-                f"B {h['B']}; interval {h['interval_s']:.0f}s")
+        """One line for sd_notify's STATUS= on every tick: cheap, no per-container work
+        (the counts come from the last decision)."""
+        f, c = self.fleet, self.counters
+        return (f"{len(f)} bound, {len(self.targets) - len(f)} pending; "
+                f"G {c.class_counts[Cls.G]} S {c.class_counts[Cls.S]} "
+                f"B {c.class_counts[Cls.B]}; interval {c.interval:.0f}s")
 
 
 def _finite(x: float) -> float | None:

@@ -9,17 +9,22 @@ given back. After a crash, the next start re-adopts the containers from --state-
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from .cgroup import CgroupError
-from .control import ControlServer
+from .control import ControlServer, Peer
 from .controller import Config, Controller
+from .metrics import MetricsServer, parse_listen
 from .sdnotify import Notifier
+from .systemd_units import UnitLimiter
 
 log = logging.getLogger("dqoesd")
 
@@ -71,25 +76,57 @@ def _parser() -> argparse.ArgumentParser:
                    help="members of this group may change targets (root always may)")
     p.add_argument("--public-status", action="store_true",
                    help="let any local user read list/status")
+    p.add_argument("--metrics-listen", metavar="[ADDR:]PORT", default=None,
+                   help="serve Prometheus metrics at http://ADDR:PORT/metrics (ADDR: "
+                        "127.0.0.1 unless given; default: off)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        metrics_address = parse_listen(args.metrics_listen) if args.metrics_listen else None
+    except ValueError as e:
+        parser.error(str(e))
     _setup_logging(args.verbose)
+    faulthandler.enable()  # a hung loop killed by the watchdog (SIGABRT) logs where it hung
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
         mount=args.cgroup_mount, cpus=args.cpus, alpha=args.alpha, beta=args.beta,
         iv_initial=args.interval, iv_max=args.max_interval, ring_capacity=args.ring_capacity,
         docker_root=args.docker_root)
     notifier = Notifier()
+    watchdog = notifier.watchdog_interval()
+    if watchdog is not None and watchdog < cfg.sample_interval:
+        log.warning("the watchdog expects a ping every %.1f s, the loop ticks every %.1f s",
+                    watchdog, cfg.sample_interval)
+    limiter = UnitLimiter()
+    # Held while the loop ticks or answers a request, and while metrics take a snapshot:
+    # the metrics thread never reads the per-container arrays half-updated.
+    lock = threading.Lock()
+
+    def handle(op: str, req: dict[str, Any], peer: Peer) -> Any:
+        with lock:
+            return controller.handle(op, req, peer)
+
+    def snapshot() -> dict[str, Any]:
+        with lock:
+            status = controller.status()
+        return {**status, "systemd": {"sent": limiter.sent, "failed": limiter.failed}}
+
+    metrics = None
     try:
-        controller = Controller(cfg)
-        server = ControlServer(args.socket or cfg.run_dir / "dqoes.sock", controller.handle,
+        controller = Controller(cfg, limiter=limiter)
+        server = ControlServer(args.socket or cfg.run_dir / "dqoes.sock", handle,
                                group=args.group, public_read=args.public_status)
+        if metrics_address:
+            metrics = MetricsServer(metrics_address, snapshot)
+            log.info("metrics at http://%s:%d/metrics", *metrics.address)
     except (CgroupError, OSError, KeyError) as e:
         log.error("cannot start: %s", e)
+        limiter.close()
         return 1
 
     stopping = False
@@ -108,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         while not stopping:
             now = time.monotonic()
             if now >= next_tick:
-                controller.tick(now)
+                with lock:
+                    controller.tick(now)
                 notifier.watchdog()
                 notifier.status(controller.summary())
                 # Keep the cadence; after a stall, skip the missed ticks rather than bunch up.
@@ -118,8 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             server.poll(next_tick - time.monotonic())
     finally:
         notifier.stopping()
+        if metrics is not None:
+            metrics.close()
         server.close()
-        controller.shutdown()
+        with lock:
+            controller.shutdown()
+        limiter.close()  # the restored limits of systemd units go out before we exit
         log.info("dqoesd stopped; limits restored")
     return 0
 

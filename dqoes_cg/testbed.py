@@ -7,6 +7,12 @@ all run on it.
         bed.start_daemon("--interval", "3")
         bed.add_worker("w1", "small", target_s=0.2, metric="mean")
         bed.status()
+
+Scheduled arrivals: `add_worker(..., hold=True)` starts a worker that loads its model and
+stops before serving; `wait_held()` waits for all of them, and `release(name, target_s)`
+sets the target (a container joining, for the daemon) and lets the worker serve.
+`Observer` measures every worker window by window, beside the daemon or without one (the
+default platform), from its own reads of the rings and of cpu.stat and cpu.max.
 """
 
 from __future__ import annotations
@@ -20,8 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .cgroup import find_cgroup2_mount
+from .cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 from .control import DaemonUnavailable, request
+from .controller import ring_dir_name
+from .ring import RingSet, ring_path
 
 CONTROLLERS = "+cpu"
 
@@ -32,6 +43,7 @@ class Worker:
     cgroup: Path
     model: str
     proc: subprocess.Popen[bytes]
+    ring: Path
 
 
 class Testbed:
@@ -104,27 +116,27 @@ class Testbed:
     # --- workers ---------------------------------------------------------------------
 
     def add_worker(self, name: str, model: str, target_s: float | None = None,
-                   metric: str = "mean", seed: int = 0) -> Worker:
+                   metric: str = "mean", seed: int = 0, hold: bool = False) -> Worker:
         """A worker in cgroup <subtree>/<name>; its target, if any, is set before it
-        starts, so that its ring is there from its first request."""
+        starts, so that its ring is there from its first request. With `hold`, it stops
+        before serving until `release`."""
         cgroup = self.root / name
         cgroup.mkdir(exist_ok=True)
         target_name = f"{self.subtree}/{name}"
-        ring = None
+        ring = self.ring_of(name)
         if target_s is not None:
-            ring = self.set_target(target_name, target_s, metric)["ring"]
-        env = {**os.environ, "DQOES_RING": ring or str(self.workdir / "no-ring")}
+            ring = Path(self.set_target(target_name, target_s, metric)["ring"])
+        env = {**os.environ, "DQOES_RING": str(ring)}
         procs = str(cgroup / "cgroup.procs")
 
         def enter_cgroup() -> None:  # in the child, before exec: start inside the cgroup
             with open(procs, "w") as f:
                 f.write("0")
 
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dqoes_cg.workload", "--model", model, "--seed", str(seed)],
-            env=env, preexec_fn=enter_cgroup, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        worker = Worker(target_name, cgroup, model, proc)
+        cmd = [sys.executable, "-m", "dqoes_cg.workload", "--model", model, "--seed", str(seed)]
+        proc = subprocess.Popen(cmd + ["--hold"] * hold, env=env, preexec_fn=enter_cgroup,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        worker = Worker(target_name, cgroup, model, proc, ring)
         self.workers[name] = worker
         return worker
 
@@ -134,6 +146,84 @@ class Testbed:
 
     def cpu_max(self, name: str) -> str:
         return (self.root / name / "cpu.max").read_text().strip()
+
+    def ring_of(self, name: str) -> Path:
+        """The ring the daemon makes for worker `name` (its target's name is
+        <subtree>/<name>); the worker records there, target or not."""
+        return ring_path(self.run_dir, ring_dir_name(f"{self.subtree}/{name}"))
+
+    def limit_subtree(self, cpus: float) -> None:
+        """Cap the whole subtree at `cpus` CPUs (cpu.max of its root): a worker node of its
+        own, beside others on the same kernel."""
+        period = DEFAULT_PERIOD_USEC
+        (self.root / "cpu.max").write_text(f"{round(cpus * period)} {period}")
+
+    def wait_held(self, timeout: float = 300.0) -> None:
+        """Wait until every worker started with hold=True has loaded and stopped itself."""
+        deadline = time.monotonic() + timeout
+        for w in self.workers.values():
+            while not _stopped(w.proc):
+                if w.proc.poll() is not None:
+                    raise RuntimeError(f"worker {w.name} exited with {w.proc.returncode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {w.name} not ready within {timeout:.0f} s")
+                time.sleep(0.1)
+
+    def release(self, name: str, target_s: float | None = None, metric: str = "mean") -> None:
+        """A held worker arrives: its target (if any) is set, then it starts serving."""
+        worker = self.workers[name]
+        if target_s is not None:
+            self.set_target(worker.name, target_s, metric)
+        worker.proc.send_signal(signal.SIGCONT)
+
+
+@dataclass
+class Window:
+    """What each observed worker did over one window; arrays indexed like the observer's
+    names."""
+
+    t: float  # end of the window, seconds since the observer started
+    latency_s: np.ndarray  # mean latency of the requests completed in it (NaN: none)
+    requests: np.ndarray  # how many completed
+    usage_cores: np.ndarray  # CPU used, in CPUs
+    limit_cores: np.ndarray  # cpu.max at its end, in CPUs (NaN: max)
+
+
+class Observer:
+    """Measures workers window by window with its own readers of their rings and cgroup
+    files, whether a daemon runs or not (the default platform), so that both are measured
+    alike. A missing ring is created, as the daemon would; one the daemon made is shared
+    (readers keep their own position)."""
+
+    def __init__(self, bed: Testbed, names: list[str]) -> None:
+        self.names = names
+        self.table = CgroupTable([bed.root / n for n in names])
+        self.rings = RingSet([bed.ring_of(n) for n in names])
+        self.start = time.monotonic()
+        self.table.sample()
+        self.rings.drain()
+        self.rings.take_window()
+        self._usage = self.table.usage_usec.copy()
+        self._last = self.start
+
+    def window(self) -> Window:
+        """Close the window that began at the previous call (or at the start)."""
+        now = time.monotonic()
+        self.table.sample()
+        self.table.read_back()
+        self.rings.drain()
+        w = self.rings.take_window()
+        used = (self.table.usage_usec - self._usage) * 1e-6 / max(now - self._last, 1e-6)
+        self._usage[:] = self.table.usage_usec
+        self._last = now
+        quota, period = self.table.max_quota_usec, self.table.max_period_usec
+        limit = np.where(quota == MAX_QUOTA, np.nan, quota / np.maximum(period, 1))
+        return Window(t=now - self.start, latency_s=w.mean.copy(), requests=w.count.copy(),
+                      usage_cores=used, limit_cores=limit)
+
+    def close(self) -> None:
+        self.table.close()
+        self.rings.close()
 
 
 def solo_latency(model: str, seconds: float = 2.0) -> float:
@@ -147,6 +237,15 @@ def solo_latency(model: str, seconds: float = 2.0) -> float:
         infer()
         n += 1
     return (time.perf_counter() - start) / n
+
+
+def _stopped(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def _enable_cpu(mount: Path, cgroup: Path) -> None:

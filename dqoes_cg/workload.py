@@ -6,7 +6,12 @@ batch through a small convolutional network in numpy (random weights; the cost i
 matters), and its latency goes into the container's ring through dqoes_cg.probe. Model types
 of different cost stand in for the paper's VGG-16, ResNet-50, Inception...
 
-    python -m dqoes_cg.workload --model small [--ring PATH] [--duration SECONDS]
+    python -m dqoes_cg.workload --model small [--ring PATH] [--duration SECONDS] [--hold]
+
+With --hold the worker loads its model, runs one request unrecorded (the warm-up) and stops
+itself (SIGSTOP) before serving: a testbed starts its workers ahead (a Python start and the
+numpy import take seconds on an emulated CPU) and releases each with SIGCONT at its arrival
+time.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import signal  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -35,9 +41,11 @@ class ModelSpec:
     batch: int
 
 
-MODELS: dict[str, ModelSpec] = {  # request cost measured alone on one host core
-    "tiny": ModelSpec(image=32, channels=(16, 32), batch=2),  # ~1 ms
-    "small": ModelSpec(image=64, channels=(32, 64, 64), batch=4),  # ~15 ms
+MODELS: dict[str, ModelSpec] = {  # request cost alone on one host core (emulated guest CPU)
+    "tiny": ModelSpec(image=32, channels=(16, 32), batch=2),  # ~1 ms (guest ~80 ms)
+    "mini": ModelSpec(image=32, channels=(16, 32), batch=6),  # ~2.3 ms (guest ~170 ms)
+    "lite": ModelSpec(image=48, channels=(16, 32), batch=4),  # ~3.4 ms (guest ~245 ms)
+    "small": ModelSpec(image=64, channels=(32, 64, 64), batch=4),  # ~15 ms (guest ~2-3 s)
     "medium": ModelSpec(image=96, channels=(32, 64, 96), batch=4),  # ~35 ms
     "large": ModelSpec(image=128, channels=(32, 64, 128, 128), batch=4),  # ~85 ms
 }
@@ -92,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                    "probe's default path)")
     p.add_argument("--duration", type=float, default=None, help="seconds (default: forever)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hold", action="store_true",
+                   help="warm up, then stop (SIGSTOP) until continued (SIGCONT)")
     args = p.parse_args(argv)
     infer = build_model(args.model, args.seed)
+    if args.hold:
+        infer()
+        os.kill(os.getpid(), signal.SIGSTOP)
     with Probe.open(args.ring) as probe:
         try:
             serve(infer, probe, args.duration)

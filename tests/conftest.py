@@ -13,8 +13,10 @@ import pytest
 from tests.guest.cgroups import cgroup2_cpu_mount, make_test_cgroup, remove_cgroup_tree
 from tests.guest.report import RESULTS_ENV, ResultWriter
 from tests.guest.routing import Route, route_items
+from tests.guest.systemd_guest import route_systemd_items
 
 _route_key = pytest.StashKey[Route | None]()
+_systemd_route_key = pytest.StashKey[Route | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,14 +28,19 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: route only what was selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     config.stash[_route_key] = route_items(config, items)
+    config.stash[_systemd_route_key] = route_systemd_items(config, items)
 
 
-def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
-    route = config.stash.get(_route_key, None)
-    if route is None:
-        return None
-    where = {"host": "on this host", "guest": "in a qemu guest, booted once", "skip": "skipped"}
-    return f"kernel tests: {where[route.where]} ({route.reason})"
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    lines = []
+    for key, what, guest in ((_route_key, "kernel tests", "in a qemu guest, booted once"),
+                             (_systemd_route_key, "end-to-end (guest_systemd) tests",
+                              "in a qemu guest with systemd as PID 1, booted once")):
+        route = config.stash.get(key, None)
+        if route is not None:
+            where = {"host": "on this host", "guest": guest, "skip": "skipped"}[route.where]
+            lines.append(f"{what}: {where} ({route.reason})")
+    return lines
 
 
 @pytest.fixture(scope="session")

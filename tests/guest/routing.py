@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,11 +104,17 @@ class GuestProxy(pytest.Item):
 
 
 class GuestRunner:
-    """Boots the session's guest on first use and hands out the results it reports."""
+    """Boots the session's guest on first use and hands out the results it reports.
 
-    def __init__(self, rootdir: Path, nodeids: list[str]) -> None:
+    `prepare`, if given, runs on the host just before the boot and returns variables for the
+    guest's environment (what it built for the tests, say)."""
+
+    def __init__(self, rootdir: Path, nodeids: list[str], config: GuestConfig | None = None,
+                 prepare: Callable[[], dict[str, str]] | None = None) -> None:
         self._rootdir = rootdir
         self._nodeids = nodeids
+        self._config = config or GuestConfig()
+        self._prepare = prepare
         self._guest: Guest | None = None
         self._results: dict[str, dict[str, Any]] = {}
         self._new_results: FileTail | None = None
@@ -119,6 +125,8 @@ class GuestRunner:
         """Wait for the guest's result for `nodeid`. Raises GuestError if the guest died or
         ended without reporting it."""
         if self._guest is None:
+            if self._failure is not None:
+                raise GuestError(f"the test guest failed earlier: {self._failure}")
             self._start()
         assert self._guest is not None
         while True:
@@ -149,10 +157,15 @@ class GuestRunner:
             self._guest.close()
 
     def _start(self) -> None:
-        self._guest = Guest(GuestConfig())
+        try:
+            prepared = self._prepare() if self._prepare else {}
+        except Exception as e:
+            self._failure = f"preparing the guest's tests failed: {e}"
+            raise GuestError(self._failure) from e
+        self._guest = Guest(self._config)
         results = self._guest.ctl_dir / "results.jsonl"
         self._new_results = FileTail(results)
-        env = {k: v for k, v in os.environ.items() if k != FORCE_ENV}
+        env = {k: v for k, v in os.environ.items() if k != FORCE_ENV} | prepared
         env[RESULTS_ENV] = str(results)
         argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
                 *self._nodeids]
@@ -179,17 +192,25 @@ def route_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None
     if not kernel_items:
         return None
     route = choose_route()
+    apply_route(config, items, kernel_items, route,
+                lambda nodeids: GuestRunner(config.rootpath, nodeids))
+    return route
+
+
+def apply_route(config: pytest.Config, items: list[pytest.Item], routed: list[pytest.Item],
+                route: Route, runner: Callable[[list[str]], GuestRunner]) -> None:
+    """Skip the `routed` items, or replace them in `items` by proxies of one guest run
+    (made by `runner` from their node ids), as `route` says."""
     if route.where == "skip":
-        for item in kernel_items:
+        for item in routed:
             item.add_marker(pytest.mark.skip(reason=route.reason))
     elif route.where == "guest":
-        runner = GuestRunner(config.rootpath, [item.nodeid for item in kernel_items])
-        config.add_cleanup(runner.close)
+        guest = runner([item.nodeid for item in routed])
+        config.add_cleanup(guest.close)
         proxies = {
             item.nodeid: GuestProxy.from_parent(
-                item.parent, name=item.name, original=item, runner=runner
+                item.parent, name=item.name, original=item, runner=guest
             )
-            for item in kernel_items
+            for item in routed
         }
         items[:] = [proxies.get(item.nodeid, item) for item in items]
-    return route

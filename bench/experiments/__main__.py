@@ -1,0 +1,185 @@
+"""python -m bench.experiments: the paper's experiments (section V), real and simulated,
+with their plots and a summary.
+
+    python -m bench.experiments [--sim-only] [--quick] [--out DIR]
+
+1. Real runs on a cgroup v2 kernel with the cpu controller: this host if it has one, else a
+   qemu guest booted for them (tests.guest, DIR shared writable). The worker types are
+   calibrated first (latency alone and at a few quotas), then every scaled-down scenario
+   (real_scenarios) runs with dqoesd and on the default platform.
+2. The simulator, calibrated by 1: the same small scenarios (its validation against the
+   real runs) and the paper's scenarios at the paper's scale, plus a sensitivity sweep of
+   the step beta and the listener's ceiling.
+3. Plots (PNG), summary.md and summary.json in DIR (default bench/experiments/results).
+
+--sim-only skips 1 (the simulator then uses DIR/calibration.json if there is one, and
+validates against the real runs already in DIR); --quick shortens every run (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tests.guest.cgroups import cgroup2_cpu_mount
+
+from .analysis import scatter
+from .progress import Progress
+from .scenarios import (
+    MODELS,
+    NOMINAL_CURVES,
+    PAPER_PARAMS,
+    REAL_PARAMS,
+    Scenario,
+    paper_scenarios,
+    real_scenarios,
+)
+from .sim import Curve, Node, Params, simulate
+from .trace import Run
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+REAL_WINDOW_S = 2.0  # observer windows of the real runs
+SIM_WINDOW_S = 5.0  # and of the paper-scale simulations (hours of simulated time)
+PAPER_SIM_DURATION_S = 3000.0  # the paper's runs last 350 to 900 s; ours run longer
+GUEST_TIMEOUT_S = 3 * 3600.0
+# The sensitivity sweep: the step beta and the listener's ceiling iv_max.
+SWEEP_BETAS = (0.1, 0.3, 1.0)
+SWEEP_IV_MAX = (10.0, 160.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--sim-only", action="store_true", help="no real runs (see above)")
+    p.add_argument("--quick", action="store_true", help="short runs (tests)")
+    p.add_argument("--real-part", action="store_true",
+                   help="only step 1, on this kernel (what the guest runs)")
+    args = p.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.real_part:
+        run_real(out, args.quick)
+        return 0
+    if not args.sim_only:
+        status = real_part_somewhere(out, args.quick)
+        if status != 0:
+            print(f"the real runs failed (exit status {status})", file=sys.stderr)
+            return status
+    run_simulated(out, args.quick)
+    return 0
+
+
+# --- 1. real -------------------------------------------------------------------------
+
+
+def real_part_somewhere(out: Path, quick: bool) -> int:
+    if cgroup2_cpu_mount() is not None:
+        run_real(out, quick)
+        return 0
+    print("no cgroup v2 cpu controller on this host: the real runs go to a qemu guest",
+          file=sys.stderr)
+    cmd = [sys.executable, "-m", "tests.guest", "--writable", str(out), "--timeout",
+           str(GUEST_TIMEOUT_S), "--", sys.executable, "-m", "bench.experiments",
+           "--real-part", "--out", str(out)] + ["--quick"] * quick
+    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+
+
+def run_real(out: Path, quick: bool) -> None:
+    from . import real  # needs the compiled extension and a cgroup v2 kernel
+
+    scenarios = real_scenarios(quick)
+    progress = Progress(1 + 2 * len(scenarios))
+    real_dir = out / "real"
+    shutil.rmtree(real_dir, ignore_errors=True)
+    real_dir.mkdir()
+    work = Path(tempfile.mkdtemp(prefix="dqoes-experiments-"))
+    try:
+        progress.step("calibrating the worker types")
+        curves = real.calibrate(MODELS, work / "calibrate", 2.0 if quick else 6.0)
+        save_curves(out / "calibration.json", curves)
+        for sc in scenarios:
+            nodes = sc.build(curves)
+            for params in (REAL_PARAMS, None):
+                progress.step(f"real {sc.key} ({'dqoesd' if params else 'default'})")
+                run = real.run(sc, nodes, params, work / sc.key, REAL_WINDOW_S)
+                run.save(real_dir / f"{sc.key}-{run.mode}.json")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    progress.close("real runs done")
+
+
+def save_curves(path: Path, curves: dict[str, Curve]) -> None:
+    path.write_text(json.dumps({m: asdict(c) for m, c in curves.items()}, indent=1) + "\n")
+
+
+def load_curves(path: Path) -> dict[str, Curve]:
+    if not path.exists():
+        return dict(NOMINAL_CURVES)
+    return {m: Curve(c["solo_s"], tuple(c["cores"]), tuple(c["factors"]))
+            for m, c in json.loads(path.read_text()).items()}
+
+
+# --- 2. simulated, 3. report -----------------------------------------------------------
+
+
+def simulated(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
+              params: Params | None, duration: float, window: float,
+              noise: float = 0.0) -> Run:
+    windows = [simulate(node, curves, params, duration, window, noise, seed=k)
+               for k, node in enumerate(nodes)]
+    return Run.from_windows(scenario.key, "dqoes" if params else "default", "sim",
+                            asdict(params) if params else {}, nodes, windows, noise=noise)
+
+
+def run_simulated(out: Path, quick: bool) -> None:
+    from . import report  # matplotlib: host side only
+
+    curves = load_curves(out / "calibration.json")
+    papers = paper_scenarios(quick)
+    reals = real_scenarios(quick)
+    real_dir = out / "real"
+    progress = Progress(len(papers) + len(reals) + 1)
+    paper_runs: dict[str, dict[str, Any]] = {}
+    duration = PAPER_SIM_DURATION_S * (0.1 if quick else 1.0)
+    for sc in papers:
+        progress.step(f"simulating {sc.key}")
+        nodes = sc.build(curves)
+        paper_runs[sc.key] = {
+            "dqoes": simulated(sc, nodes, curves, PAPER_PARAMS, duration, SIM_WINDOW_S),
+            "default": simulated(sc, nodes, curves, None, duration, SIM_WINDOW_S),
+            "sweep": {(b, iv): simulated(sc, nodes, curves, Params(
+                beta=b, iv_max=iv), duration, SIM_WINDOW_S)
+                for b in SWEEP_BETAS for iv in SWEEP_IV_MAX},
+        }
+    real_runs: dict[str, dict[str, Run]] = {}
+    for sc in reals:
+        progress.step(f"simulating {sc.key} (against the real runs)")
+        found = {mode: real_dir / f"{sc.key}-{mode}.json" for mode in ("dqoes", "default")}
+        if not all(f.exists() for f in found.values()):
+            continue
+        runs = {mode: Run.load(f) for mode, f in found.items()}
+        nodes = runs["dqoes"].nodes  # the targets the real run had
+        noise = scatter(runs["default"])  # the real measurements' scatter, into the model
+        real_runs[sc.key] = {
+            **runs,
+            "sim-dqoes": simulated(sc, nodes, curves, REAL_PARAMS, sc.duration_s,
+                                   REAL_WINDOW_S, noise),
+            "sim-default": simulated(sc, nodes, curves, None, sc.default_duration_s,
+                                     REAL_WINDOW_S, noise),
+        }
+    progress.step("plots and summary")
+    report.write(out, curves, papers, paper_runs, reals, real_runs, quick)
+    progress.close(f"results in {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Tell systemd the CPU limits the daemon writes into the cgroups of systemd units.
+
+systemd owns the cgroups of the units it starts (services, `systemd-run --scope` units,
+Docker's docker-<id>.scope with the systemd cgroup driver): every `daemon-reload`,
+`daemon-reexec` or `set-property` on a unit writes systemd's own value back into its
+cpu.max. So for a cgroup that is a unit, the daemon also sets the unit's runtime properties
+CPUQuotaPerSecUSec and CPUQuotaPeriodUSec through systemd's D-Bus API (SetUnitProperties,
+as `systemctl set-property --runtime` does). The direct cpu.max write keeps the change
+immediate; this keeps it in force.
+
+A D-Bus call takes milliseconds and may block, so it never runs in the controller's tick:
+`UnitLimiter.set_quota` only records the latest request per unit, and a background thread
+sends them. Without a system bus (a machine without systemd, tests on fake trees) it logs
+once and drops requests until a bus answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from jeepney import DBusAddress, Message, new_method_call
+from jeepney.io.blocking import open_dbus_connection
+from jeepney.wrappers import DBusErrorResponse, unwrap_msg
+
+from .cgroup import CgroupError, resolve
+from .cgtable import LEAVE_ALONE
+
+log = logging.getLogger(__name__)
+
+SYSTEM_BUS = "unix:path=/run/dbus/system_bus_socket"
+SYSTEMD_MANAGER = DBusAddress("/org/freedesktop/systemd1", bus_name="org.freedesktop.systemd1",
+                              interface="org.freedesktop.systemd1.Manager")
+USEC_INFINITY = 2**64 - 1  # systemd's "no limit"
+USEC_PER_SEC = 1_000_000
+CALL_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 5.0
+NEVER_TOLD = -2  # a quota no request has (-1 is "max")
+
+
+class Connection(Protocol):
+    def send_and_get_reply(self, message: Message, *, timeout: float | None = None
+                           ) -> Message: ...
+
+    def close(self) -> None: ...
+
+
+def connect_system_bus() -> Connection:
+    return open_dbus_connection(SYSTEM_BUS, auth_timeout=CALL_TIMEOUT_S)
+
+
+def quota_message(unit: str, quota_usec: int, period_usec: int) -> Message:
+    """SetUnitProperties(unit, runtime=true, CPUQuotaPerSecUSec, CPUQuotaPeriodUSec) for a
+    cpu.max of `quota_usec` (< 0: "max") per `period_usec`."""
+    per_sec = USEC_INFINITY if quota_usec < 0 else quota_usec * USEC_PER_SEC // period_usec
+    return new_method_call(SYSTEMD_MANAGER, "SetUnitProperties", "sba(sv)", (
+        unit, True, [("CPUQuotaPerSecUSec", ("t", per_sec)),
+                     ("CPUQuotaPeriodUSec", ("t", period_usec))]))
+
+
+class UnitLimiter:
+    """Sends the latest CPU limit of each unit to systemd from a thread of its own."""
+
+    def __init__(self, connect: Callable[[], Connection] = connect_system_bus) -> None:
+        self._connect = connect
+        self._connection: Connection | None = None
+        self._pending: dict[str, tuple[int, int]] = {}
+        self._busy = False  # a batch taken from _pending is being sent
+        self._closing = False
+        self._bus_missing_logged = False
+        self._cond = threading.Condition()
+        self.sent = 0
+        self.failed = 0
+        self._thread = threading.Thread(target=self._run, name="dqoes-systemd", daemon=True)
+        self._thread.start()
+
+    def set_quota(self, unit: str, quota_usec: int, period_usec: int) -> None:
+        """Ask for `unit`'s limit to become cpu.max "quota period" (quota < 0: "max").
+        Returns at once; a later request for the same unit replaces this one if unsent."""
+        with self._cond:
+            self._pending[unit] = (quota_usec, period_usec)
+            self._cond.notify()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every request so far was sent (or dropped); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Send what is pending (restored limits on shutdown), then stop the thread."""
+        if not self.flush(timeout):
+            log.warning("systemd did not take every unit limit within %.0f s", timeout)
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closing)
+                if self._closing:
+                    break
+                batch, self._pending = self._pending, {}
+                self._busy = True
+            for unit, (quota, period) in batch.items():
+                try:
+                    self._send(unit, quota, period)
+                except Exception:  # a bug must not stop every later update
+                    self.failed += 1
+                    log.exception("%s: telling systemd its CPU limit failed", unit)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        if self._connection is not None:
+            self._connection.close()
+
+    def _send(self, unit: str, quota_usec: int, period_usec: int) -> None:
+        connection = self._connection or self._open()
+        if connection is None:
+            self.failed += 1
+            return
+        try:
+            unwrap_msg(connection.send_and_get_reply(
+                quota_message(unit, quota_usec, period_usec), timeout=CALL_TIMEOUT_S))
+            self.sent += 1
+            log.debug("%s: told systemd cpu.max '%s %d'", unit,
+                      "max" if quota_usec < 0 else quota_usec, period_usec)
+        except DBusErrorResponse as e:  # e.g. the unit is gone: nothing left to limit
+            self.failed += 1
+            log.info("%s: systemd refused the CPU limit: %s", unit, e)
+        except (OSError, TimeoutError, ValueError) as e:
+            self.failed += 1
+            log.warning("%s: lost the system bus (%s); will reconnect", unit, e)
+            connection.close()
+            self._connection = None
+
+    def _open(self) -> Connection | None:
+        try:
+            self._connection = self._connect()
+        except (OSError, TimeoutError, ValueError) as e:
+            if not self._bus_missing_logged:
+                self._bus_missing_logged = True
+                log.info("no system bus (%s): limits of systemd units are written to cpu.max "
+                         "only, and systemd may put its own values back", e)
+            return None
+        if self._bus_missing_logged:
+            log.info("connected to the system bus")
+            self._bus_missing_logged = False
+        return self._connection
+
+
+def unit_of(cgroup: str | Path, mount: Path) -> str | None:
+    """The system manager's unit whose cgroup this is, or None (or gone)."""
+    try:
+        return resolve(str(cgroup), mount).unit
+    except CgroupError:
+        return None
+
+
+class UnitQuotas:
+    """Which slots of a fleet are systemd units, and the quota systemd was last told for
+    each. Built with every fleet (slot order), so a new fleet tells systemd once more."""
+
+    def __init__(self, limiter: UnitLimiter | None, cgroups: Sequence[str | Path],
+                 mount: Path) -> None:
+        self.limiter = limiter
+        self.units = [unit_of(c, mount) for c in cgroups] if limiter else [None] * len(cgroups)
+        self.is_unit = np.array([u is not None for u in self.units], bool)
+        self.any = bool(self.is_unit.any())
+        self.told_quota = np.full(len(cgroups), NEVER_TOLD, np.int64)
+        self._mask = np.zeros(len(cgroups), bool)
+        self._requested = np.zeros(len(cgroups), bool)
+
+    def tell(self, quota_usec: np.ndarray, period_usec: np.ndarray,
+             again: np.ndarray | None = None) -> None:
+        """Hand the limiter the requested cpu.max (quota < 0: max) of every unit slot whose
+        request differs from what systemd was told, or that is flagged in `again`."""
+        if not self.any:
+            return
+        assert self.limiter is not None
+        mask = self._mask
+        np.not_equal(quota_usec, self.told_quota, out=mask)
+        if again is not None:
+            np.logical_or(mask, again, out=mask)
+        np.logical_and(mask, self.is_unit, out=mask)
+        np.not_equal(period_usec, LEAVE_ALONE, out=self._requested)
+        np.logical_and(mask, self._requested, out=mask)
+        if not mask.any():
+            return
+        for i in np.flatnonzero(mask):  # a few per decision, when limits change
+            unit = self.units[i]
+            assert unit is not None
+            self.limiter.set_quota(unit, int(quota_usec[i]), int(period_usec[i]))
+            self.told_quota[i] = quota_usec[i]

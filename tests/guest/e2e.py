@@ -1,0 +1,171 @@
+"""Helpers of the end-to-end tests (tests/test_e2e_service.py), which run in the systemd
+guest: dqoesd installed and run as the service, Docker's engine with either cgroup driver,
+and the inference server (infer.c) in containers and in a `systemd-run --scope` unit.
+
+Everything in the guest runs on an emulated CPU, tens of times slower than the host: the
+timeouts are generous, and waits poll for a state instead of sleeping for a guess.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dqoes_cg.control import request
+
+from .systemd_guest import ARTIFACTS_ENV, GUEST_DIR, REPO
+
+T = TypeVar("T")
+DOCKER = "/usr/bin/docker"  # Debian's client, of the engine's version
+IMAGE = "dqoes-infer:e2e"
+RUN_DIR = Path("/run/dqoes")
+SOCKET = RUN_DIR / "dqoes.sock"
+CGROUP = Path("/sys/fs/cgroup")
+DROP_IN = Path("/run/systemd/system/dqoesd.service.d/e2e.conf")
+
+
+def sh(*argv: str | Path, timeout: float = 180, env: dict[str, str] | None = None) -> str:
+    """Run a command; its stdout. A failure raises with what it printed."""
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                            timeout=timeout, env=env)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, argv))} exited {result.returncode}:\n"
+                             f"{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str,
+             explain: Callable[[], str] = lambda: "", every: float = 2.0) -> T:
+    """Poll (each poll costs the emulated CPU that the workload runs on: not too often)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
+                                 + explain())
+        time.sleep(every)
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    wheel: Path | None  # None: `make install` builds this checkout
+    infer: Path
+
+
+def artifacts(workdir: Path) -> Artifacts:
+    """What the host built for us (systemd_guest.build_e2e_artifacts), or, run by hand in a
+    systemd guest, the same built here (slowly)."""
+    built = os.environ.get(ARTIFACTS_ENV)
+    if built:
+        return Artifacts(next(Path(built).glob("dqoes_cg-*.whl")), Path(built, "infer"))
+    infer = workdir / "infer"
+    sh("gcc", "-O2", "-static", f"-I{REPO / 'csrc'}", "-o", infer, GUEST_DIR / "infer.c")
+    return Artifacts(None, infer)
+
+
+class Service:
+    """dqoesd.service as `make install` put it in place."""
+
+    name = "dqoesd.service"
+
+    def install(self, wheel: Path | None) -> None:
+        # Offline: the build (if any) uses the installed setuptools, wheel and cffi.
+        package = [f"PACKAGE={wheel}"] if wheel else []
+        sh("make", "-s", "-C", REPO, "install", *package,
+           "PIP_FLAGS=--no-build-isolation --no-index --no-deps", timeout=900)
+
+    def uninstall(self) -> None:
+        sh("make", "-s", "-C", REPO, "uninstall", timeout=600)
+
+    def configure(self, options: str, watchdog_s: int) -> None:
+        """Options in the file made for them; the watchdog shortened by a runtime drop-in."""
+        Path("/etc/default/dqoesd").write_text(f'DQOESD_OPTS="{options}"\n')
+        DROP_IN.parent.mkdir(parents=True, exist_ok=True)
+        DROP_IN.write_text(f"[Service]\nWatchdogSec={watchdog_s}s\n")
+        sh("systemctl", "daemon-reload")
+
+    def show(self, *properties: str, unit: str | None = None) -> dict[str, str]:
+        out = sh("systemctl", "show", unit or self.name, *(f"--property={p}" for p in properties))
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def main_pid(self) -> int:
+        return int(self.show("MainPID")["MainPID"])
+
+    def journal(self) -> str:
+        return sh("journalctl", "--no-pager", "-o", "cat", "-u", self.name)
+
+    def status(self) -> dict[str, Any]:
+        return request(SOCKET, "status", timeout=60)
+
+    def containers(self) -> dict[str, dict[str, Any]]:
+        return {c["name"]: c for c in self.status()["containers"]}
+
+
+def dqoesctl(*args: str) -> str:
+    """The CLI, as an operator runs it."""
+    return sh("dqoesctl", *args, timeout=120)
+
+
+class Docker:
+    """Docker's engine (docker.service), with no network and a one-file image."""
+
+    def start(self, cgroup_driver: str) -> None:
+        config = {"exec-opts": [f"native.cgroupdriver={cgroup_driver}"], "bridge": "none",
+                  "iptables": False}
+        Path("/etc/docker").mkdir(exist_ok=True)
+        Path("/etc/docker/daemon.json").write_text(json.dumps(config))
+        sh("systemctl", "restart", "docker.service", timeout=300)
+        driver = sh(DOCKER, "info", "--format", "{{.CgroupDriver}}").strip()
+        assert driver == cgroup_driver, driver
+
+    def import_image(self, infer: Path) -> None:
+        """An image holding the static server alone (no registry is reachable)."""
+        data = io.BytesIO()
+        with tarfile.open(fileobj=data, mode="w") as tar:
+            tar.add(infer, arcname="infer")
+        subprocess.run([DOCKER, "import", "-", IMAGE], input=data.getvalue(), check=True,
+                       capture_output=True, timeout=300)
+
+    def run(self, name: str, units: int) -> str:
+        """An inference container with its ring directory mounted as the README says."""
+        return sh(DOCKER, "run", "-d", "--name", name, "--network", "none",
+                  "-v", f"{RUN_DIR}/rings/{name}:/run/dqoes", IMAGE, "/infer", str(units),
+                  timeout=300).strip()
+
+    def remove(self, *names: str) -> None:
+        sh(DOCKER, "rm", "-f", *names, timeout=300)
+
+    def cgroup(self, name: str) -> Path:
+        pid = sh(DOCKER, "inspect", "--format", "{{.State.Pid}}", name).strip()
+        return cgroup_of(int(pid))
+
+
+def cgroup_of(pid: int) -> Path:
+    line = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if x.startswith("0::"))
+    return CGROUP / line[3:].lstrip("/")
+
+
+def start_scope(unit: str, infer: Path, units: int) -> subprocess.Popen[bytes]:
+    """The server in a transient scope unit of its own, recording into the ring of the
+    target named after the unit."""
+    env = {**os.environ, "DQOES_RING": f"{RUN_DIR}/rings/{unit}/ring"}
+    return subprocess.Popen(["systemd-run", "--quiet", "--scope", f"--unit={unit}",
+                             "--property=CPUAccounting=yes", str(infer), str(units)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def cpu_max(cgroup: Path) -> tuple[int, int]:
+    """(quota, period) of a cgroup's cpu.max; quota -1 for "max"."""
+    quota, period = (cgroup / "cpu.max").read_text().split()
+    return (-1 if quota == "max" else int(quota)), int(period)

@@ -1,0 +1,95 @@
+"""The "systemd" init mode: a guest whose PID 1 is the host's systemd, with its system bus
+and Docker's engine at hand, for the end-to-end tests of dqoesd as a service
+(systemd-init), and the routing of the tests marked `guest_systemd` into one such guest per
+session (like `kernel` tests, routing.py).
+
+    with Guest(systemd_guest_config()) as guest:
+        guest.run(["systemctl", "is-system-running"])
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .initramfs import GUEST_DIR
+from .prereqs import missing_guest_packages
+from .routing import FORCE_ENV, IN_GUEST_ENV, GuestRunner, Route, apply_route
+from .vm import GuestConfig, InitMode, Share
+
+SYSTEMD_GUEST_ENV = "DQOES_GUEST_SYSTEMD"  # "1" in the systemd guest's test run
+ARTIFACTS_ENV = "DQOES_E2E_ARTIFACTS"  # what the host built for the tests (see below)
+REPO = GUEST_DIR.parent.parent
+# What the end-to-end tests run, by the Debian package that provides it.
+SYSTEMD_GUEST_TOOLS = {"systemd": "/lib/systemd/systemd", "dbus": "/usr/bin/dbus-daemon",
+                       "docker.io": "/usr/sbin/dockerd", "gcc": "/usr/bin/gcc",
+                       "libc6-dev": "/usr/lib/x86_64-linux-gnu/libc.a"}
+
+SYSTEMD_INIT = InitMode("systemd", GUEST_DIR / "systemd-init", cmdline=(
+    "systemd.unit=dqoes-guest.target",
+    # Debian's default security modules less AppArmor, whose profile for containers
+    # dockerd fails to load here.
+    "lsm=landlock,lockdown,yama,integrity,bpf",
+    "systemd.show_status=error",
+))
+
+
+def systemd_guest_config(**fields: object) -> GuestConfig:
+    return GuestConfig(init_mode=SYSTEMD_INIT, **fields)  # type: ignore[arg-type]
+
+
+def missing_systemd_guest_packages() -> list[str]:
+    """Debian packages to install before a systemd guest can run the end-to-end tests."""
+    return missing_guest_packages() + [
+        package for package, path in SYSTEMD_GUEST_TOOLS.items() if not Path(path).exists()]
+
+
+def build_e2e_artifacts(into: Path) -> dict[str, str]:
+    """What would take minutes to build on the guest's emulated CPU, built on the host: the
+    wheel that `make install PACKAGE=...` installs, and the static inference server
+    (infer.c) that the test containers run. The guest's environment names the directory."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "--disable-pip-version-check", "-w", str(into),
+                    str(REPO)], check=True, capture_output=True, timeout=600)
+    subprocess.run(["gcc", "-O2", "-static", "-Wall", "-Wextra", "-Werror",
+                    f"-I{REPO / 'csrc'}", "-o", str(into / "infer"), str(GUEST_DIR / "infer.c")],
+                   check=True, capture_output=True, timeout=300)
+    return {SYSTEMD_GUEST_ENV: "1", ARTIFACTS_ENV: str(into)}
+
+
+def choose_systemd_route() -> Route:
+    if os.environ.get(SYSTEMD_GUEST_ENV) == "1":
+        return Route("host", "this is the systemd test guest")
+    if os.environ.get(IN_GUEST_ENV) == "1":
+        return Route("skip", "needs the systemd test guest, not this one")
+    if os.environ.get(FORCE_ENV) == "0":
+        return Route("skip", f"{FORCE_ENV}=0")
+    missing = missing_systemd_guest_packages()
+    if missing:
+        return Route("skip", f"no systemd test guest: missing Debian packages "
+                             f"{' '.join(missing)} (run tests/guest/install-deps)")
+    return Route("guest", "they need systemd as PID 1 and Docker's engine")
+
+
+def route_systemd_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
+    """Route the selected `guest_systemd` items (in place); None if none was selected."""
+    selected = [item for item in items if item.get_closest_marker("guest_systemd")]
+    if not selected:
+        return None
+    route = choose_systemd_route()
+
+    def runner(nodeids: list[str]) -> GuestRunner:
+        artifacts = Path(tempfile.mkdtemp(prefix="dqoes-e2e-"))
+        config.add_cleanup(lambda: shutil.rmtree(artifacts, ignore_errors=True))
+        guest = systemd_guest_config(shares=(Share("e2e", artifacts),))
+        return GuestRunner(config.rootpath, nodeids, guest,
+                           prepare=lambda: build_e2e_artifacts(artifacts))
+
+    apply_route(config, items, selected, route, runner)
+    return route
