@@ -44,7 +44,8 @@ install: install-package install-unit
 	@echo "dqoesd installed: systemctl enable --now dqoesd; options in $(DEFAULTS)"
 
 install-package:
-	$(PYTHON) -m pip install -q --disable-pip-version-check $(PIP_FLAGS) $(PACKAGE)
+	$(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+	    $(PIP_FLAGS) $(PACKAGE)
 	install -d -m 0755 $(PREFIX)/bin
 	for s in dqoesd dqoesctl; do \
 	    [ "$(SCRIPTS)" = "$(PREFIX)/bin" ] || ln -sf $(SCRIPTS)/$$s $(PREFIX)/bin/$$s; done
@@ -68,4 +69,4 @@ uninstall:
 	    [ ! -L $(PREFIX)/bin/$$s ] || rm -f $(PREFIX)/bin/$$s; done
 	! cmp -s systemd/dqoesd.default $(DEFAULTS) || rm -f $(DEFAULTS)
 	rm -rf $(STATEDIR) $(RUNDIR)
-	$(PYTHON) -m pip uninstall -q -y dqoes-cg
+	$(PYTHON) -m pip uninstall -q -y --root-user-action=ignore dqoes-cg

@@ -4,6 +4,8 @@ Every --sample-interval it runs one tick of the controller (sample all cgroups a
 decide when the policy is due, apply changed limits, reconcile), and between ticks it serves
 dqoesctl on the control socket. SIGTERM/SIGINT stop it cleanly: every limit it changed is
 given back. After a crash, the next start re-adopts the containers from --state-dir.
+Two threads help, off the loop: one tells systemd the limits of cgroups that are its units
+(systemd_units), one serves Prometheus metrics when --metrics-listen asks for them.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Docker's docker-<id>.scope with the systemd cgroup driver): every `daemon-reload
 cpu.max. So for a cgroup that is a unit, the daemon also sets the unit's runtime properties
 CPUQuotaPerSecUSec and CPUQuotaPeriodUSec through systemd's D-Bus API (SetUnitProperties,
 as `systemctl set-property --runtime` does). The direct cpu.max write keeps the change
-immediate; this keeps it in force.
+immediate; this keeps it in force. systemd keeps the value it was told to a percent of a CPU
+(its runtime drop-in reads CPUQuota=N%), so after a daemon-reload the controller's reconcile
+finds a small drift, and writes and tells its own value again.
 
 A D-Bus call takes milliseconds and may block, so it never runs in the controller's tick:
 `UnitLimiter.set_quota` only records the latest request per unit, and a background thread

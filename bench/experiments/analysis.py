@@ -92,6 +92,34 @@ def scatter(run: Run) -> float:
         return float(np.nanmedian(np.nanstd(logs, axis=0)))
 
 
+def settled_latency(run: Run) -> np.ndarray:
+    """Each container's latency once all have arrived (median of the windows from 4 s
+    after the last arrival)."""
+    last = max(c.arrival_s for c in run.containers)
+    settled = run.t >= min(last + 4.0, run.t[-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(run.latency_s[settled], axis=0)
+
+
+def matched_curves(curves: dict[str, Curve], default: Run) -> dict[str, Curve]:
+    """The curves scaled so that each model's latency at the even share is what the real
+    default run measured (median over its containers of that model): the same shape, at
+    the speed the emulated CPUs had then."""
+    measured = settled_latency(default)
+    matched = dict(curves)
+    for model in {c.model for c in default.containers}:
+        ratios = []
+        for node in default.nodes:
+            even = water_fill(node.cpus, np.full(len(node.containers), DEMAND_CORES))
+            ratios += [measured[default.containers.index(c)] / curves[model].latency(x)
+                       for c, x in zip(node.containers, even, strict=True)
+                       if c.model == model]
+        c = curves[model]
+        matched[model] = Curve(c.solo_s * float(np.nanmedian(ratios)), c.cores, c.factors)
+    return matched
+
+
 @dataclass(frozen=True)
 class Agreement:
     """Simulated against real, for one scenario and mode."""

@@ -25,9 +25,10 @@ SHARE_TOLERANCE = 0.10  # CPUs: mean |difference| of the converged CPU shares
 COMMAND = "python -m bench.experiments"
 
 
-def write(out: Path, curves: dict[str, Curve], papers: list[Scenario],
+def write(out: Path, measured: dict[str, Curve], curves: dict[str, Curve],
+          papers: list[Scenario],
           paper_runs: dict[str, dict[str, Any]], reals: list[Scenario],
-          real_runs: dict[str, dict[str, Run]], quick: bool) -> None:
+          real_runs: dict[str, dict[str, Any]], quick: bool) -> None:
     paper_rows = [_paper_row(sc, paper_runs[sc.key], curves) for sc in papers]
     for sc in papers:
         runs = paper_runs[sc.key]
@@ -39,19 +40,19 @@ def write(out: Path, curves: dict[str, Curve], papers: list[Scenario],
         runs = real_runs.get(sc.key)
         if runs is None:
             continue
-        real_rows.append(_real_row(sc, runs, curves))
+        real_rows.append(_real_row(sc, runs))
         _figure(out / f"{sc.key}.png", sc, runs["dqoes"], runs["default"], runs["sim-dqoes"],
                 f"real kernel (qemu guest, 2 vCPUs), {_params(REAL_PARAMS)}",
-                [oracle(nd, curves) for nd in runs["dqoes"].nodes])
-    _calibration_figure(out / "calibration.png", curves)
+                [oracle(nd, runs["curves"]) for nd in runs["dqoes"].nodes])
+    _calibration_figure(out / "calibration.png", measured)
     sweep = {sc.key: {f"beta={b:g} iv_max={iv:g}": outcome(r).final_s
                       for (b, iv), r in paper_runs[sc.key]["sweep"].items()} for sc in papers}
     (out / "summary.json").write_text(json.dumps(
         {"command": COMMAND + " --quick" * quick, "paper_params": asdict(PAPER_PARAMS),
          "real_params": asdict(REAL_PARAMS),
-         "calibration": {m: asdict(c) for m, c in curves.items()},
+         "calibration": {m: asdict(c) for m, c in measured.items()},
          "paper_scale": paper_rows, "real": real_rows, "sweep": sweep}, indent=1) + "\n")
-    (out / "summary.md").write_text(_markdown(paper_rows, real_rows, sweep, curves, quick))
+    (out / "summary.md").write_text(_markdown(paper_rows, real_rows, sweep, measured, quick))
 
 
 def _params(p: Params) -> str:
@@ -69,13 +70,13 @@ def _paper_row(sc: Scenario, runs: dict[str, Any], curves: dict[str, Curve]) -> 
             "default_predicted": sum(default_satisfied(nd, curves) for nd in nodes)}
 
 
-def _real_row(sc: Scenario, runs: dict[str, Run], curves: dict[str, Curve]) -> dict[str, Any]:
+def _real_row(sc: Scenario, runs: dict[str, Any]) -> dict[str, Any]:
     d, base = outcome(runs["dqoes"]), outcome(runs["default"])
     a: Agreement = agreement(runs["dqoes"], runs["sim-dqoes"])
     b: Agreement = agreement(runs["default"], runs["sim-default"])
     ok = a.within(S_TOLERANCE, SHARE_TOLERANCE) and b.within(S_TOLERANCE, SHARE_TOLERANCE)
     return {"scenario": sc.key, "title": sc.title, "containers": sc.size,
-            "oracle": sum(oracle(nd, curves) for nd in runs["dqoes"].nodes),
+            "oracle": sum(oracle(nd, runs["curves"]) for nd in runs["dqoes"].nodes),
             "dqoes_s": d.final_s, "dqoes_reached_s": d.reached_s, "default_s": base.final_s,
             "sim_dqoes_s": a.sim_s, "sim_default_s": b.sim_s,
             "share_error_dqoes": a.share_error, "share_error_default": b.share_error,
@@ -114,6 +115,7 @@ def _markdown(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
               "| scenario | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     lines += [f"| {k} | " + " | ".join(str(v[c]) for c in keys) + " |"
               for k, v in sweep.items()]
+    lines += _comparison(paper_rows, real_rows, sweep)
     lines += ["", "## Real runs (qemu guest: real kernel, 2 emulated CPUs) and the "
               "simulator's validation", "",
               f"Scaled to 2 CPUs (4 to 6 containers); {_params(REAL_PARAMS)}. The simulator "
@@ -133,7 +135,10 @@ def _markdown(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
     lines += ["", "## Calibration (calibration.json, calibration.png)", "",
               "Each worker type alone at a few cpu.max quotas, with the other CPU kept busy: "
               "latency x quota / solo latency (1 = latency inversely proportional to the "
-              "CPU share).", "", "| model | solo latency | " +
+              "CPU share). The simulator takes latency = solo / share: on this shared host "
+              "(other guests compete for its 2 cores) the measured factors scatter more than "
+              "they depart from 1, and each real scenario's own default run sets the speed "
+              "its simulation uses (its even-share latencies).", "", "| model | solo latency | " +
               " | ".join(f"at {c:g} CPU" for c in next(iter(curves.values())).cores) + " |",
               "|---" * (2 + len(next(iter(curves.values())).cores)) + "|"]
     lines += [f"| {m} | {c.solo_s * 1e3:.0f} ms | " + " | ".join(f"{f:.2f}" for f in c.factors)
@@ -141,6 +146,44 @@ def _markdown(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
     lines += ["", "Figures: `<scenario>.png` (|S| over time, Q_G and Q_B, CPU distribution, "
               "latency / target), `calibration.png`.", ""]
     return "\n".join(lines)
+
+
+def _comparison(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
+                sweep: dict[str, dict[str, int]]) -> list[str]:
+    """The closing note: each of the paper's claims against what was measured here."""
+    sim = {r["scenario"]: r for r in paper_rows}
+    real = {r["scenario"]: r for r in real_rows}
+
+    def got(rows: dict[str, dict[str, Any]], key: str) -> str:
+        r = rows.get(key)
+        if r is None:
+            return "not run"
+        return (f"{r['dqoes_s']}/{r['containers']} in S (default {r['default_s']}, "
+                f"oracle {r['oracle']})")
+
+    def best(key: str) -> str:
+        if key not in sweep:
+            return "-"
+        setting, count = max(sweep[key].items(), key=lambda kv: kv[1])
+        return f"{count} at {setting}"
+
+    claims = [
+        ("Identical unachievable targets: all stay in B at an even share",
+         "s1-identical-unachievable", "r1-identical-unachievable"),
+        ("Identical achievable targets: 10/10 in S", "s2-identical-achievable",
+         "r2-identical-achievable"),
+        ("Varied targets, burst: 7/10 in S", "s3-varied-burst", "r3-varied-burst"),
+        ("Varied targets, fixed interval: 8/10 in S", "s3-varied-fixed", "r3-varied-fixed"),
+        ("Several models, random targets and arrivals", "s4-multi-model", "r4-multi-model"),
+        ("Cluster: 26/40 in S with DQoES, 3/40 with the default", "s5-cluster",
+         "r5-cluster"),
+    ]
+    lines = ["", "## Against the paper", "",
+             "| the paper | simulated, paper's parameters | best in the sweep | real (scaled) |",
+             "|---|---|---|---|"]
+    lines += [f"| {claim} | {got(sim, s_key)} | {best(s_key)} | {got(real, r_key)} |"
+              for claim, s_key, r_key in claims]
+    return lines
 
 
 def _figure(path: Path, sc: Scenario, run: Run, default: Run, sim: Run | None, where: str,

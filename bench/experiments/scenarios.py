@@ -57,16 +57,24 @@ class Scenario:
     def size(self) -> int:
         return sum(len(plans) for _, plans in self.nodes)
 
-    def build(self, curves: dict[str, Curve]) -> list[Node]:
-        """The nodes with targets in seconds, from each model's even-share latency."""
+    def build(self, curves: dict[str, Curve], measured: np.ndarray | None = None,
+              ) -> list[Node]:
+        """The nodes with targets in seconds: each container's ratio times its latency at
+        the even share, from its model's curve, or as `measured` (one per container, in
+        node order) on the default platform."""
         nodes = []
+        j = 0
         for k, (cpus, plans) in enumerate(self.nodes):
             even = water_fill(cpus, np.full(len(plans), DEMAND_CORES))
-            nodes.append(Node(cpus, tuple(
-                Container(f"n{k + 1}c{i + 1}" if len(self.nodes) > 1 else f"c{i + 1}",
-                          p.model, float(p.ratio * curves[p.model].latency(even[i])),
-                          p.arrival_s)
-                for i, p in enumerate(plans))))
+            containers = []
+            for i, p in enumerate(plans):
+                latency = curves[p.model].latency(even[i]) if measured is None \
+                    else measured[j]
+                j += 1
+                containers.append(Container(
+                    f"n{k + 1}c{i + 1}" if len(self.nodes) > 1 else f"c{i + 1}", p.model,
+                    float(p.ratio * latency), p.arrival_s))
+            nodes.append(Node(cpus, tuple(containers)))
         return nodes
 
 

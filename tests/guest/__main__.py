@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from .prereqs import missing_guest_packages
-from .vm import Guest, GuestConfig, GuestError, GuestTimeout, Share
+from .systemd_guest import SYSTEMD_INIT, missing_systemd_guest_packages
+from .vm import BUSYBOX_INIT, Guest, GuestConfig, GuestError, GuestTimeout, Share
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writable", action="append", default=[], type=Path, metavar="DIR",
                         help="a host directory the guest may write to, at the same path "
                              "(repeatable); everything else the guest writes is thrown away")
+    parser.add_argument("--systemd", action="store_true",
+                        help="boot the host's systemd as PID 1 (the end-to-end tests' guest)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="report the boot time")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -35,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")
-    missing = missing_guest_packages()
+    missing = missing_systemd_guest_packages() if args.systemd else missing_guest_packages()
     if missing:
         print(f"cannot boot the guest: missing Debian packages {' '.join(missing)} "
               "(run tests/guest/install-deps)", file=sys.stderr)
         return 125
 
-    config = GuestConfig(cpus=args.cpus, memory_mib=args.memory,
+    config = GuestConfig(init_mode=SYSTEMD_INIT if args.systemd else BUSYBOX_INIT,
+                         cpus=args.cpus, memory_mib=args.memory,
                          cmdline_extra=tuple(args.append), boot_timeout=args.boot_timeout,
                          shares=tuple(Share(f"rw{i}", d.resolve(), writable=True)
                                       for i, d in enumerate(args.writable)))

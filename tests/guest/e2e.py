@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import tarfile
 import time
@@ -30,6 +31,7 @@ RUN_DIR = Path("/run/dqoes")
 SOCKET = RUN_DIR / "dqoes.sock"
 CGROUP = Path("/sys/fs/cgroup")
 DROP_IN = Path("/run/systemd/system/dqoesd.service.d/e2e.conf")
+_USEC = {"us": 1, "ms": 1_000, "s": 1_000_000, "min": 60_000_000}
 
 
 def sh(*argv: str | Path, timeout: float = 180, env: dict[str, str] | None = None) -> str:
@@ -97,6 +99,15 @@ class Service:
     def show(self, *properties: str, unit: str | None = None) -> dict[str, str]:
         out = sh("systemctl", "show", unit or self.name, *(f"--property={p}" for p in properties))
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def quota_per_sec_usec(self, unit: str) -> int | None:
+        """The unit's CPUQuotaPerSecUSec as systemd holds it (None: infinity)."""
+        text = self.show("CPUQuotaPerSecUSec", unit=unit)["CPUQuotaPerSecUSec"]
+        if text == "infinity":
+            return None
+        parts = re.findall(r"([\d.]+)(us|ms|s|min)", text)  # e.g. "412.340ms", "1.5s"
+        assert parts, text
+        return round(sum(float(n) * _USEC[u] for n, u in parts))
 
     def main_pid(self) -> int:
         return int(self.show("MainPID")["MainPID"])

@@ -3,7 +3,7 @@ and Docker's engine at hand, for the end-to-end tests of dqoesd as a service
 (systemd-init), and the routing of the tests marked `guest_systemd` into one such guest per
 session (like `kernel` tests, routing.py).
 
-    with Guest(systemd_guest_config()) as guest:
+    with Guest(GuestConfig(init_mode=SYSTEMD_INIT)) as guest:
         guest.run(["systemctl", "is-system-running"])
 """
 
@@ -38,10 +38,6 @@ SYSTEMD_INIT = InitMode("systemd", GUEST_DIR / "systemd-init", cmdline=(
     "lsm=landlock,lockdown,yama,integrity,bpf",
     "systemd.show_status=error",
 ))
-
-
-def systemd_guest_config(**fields: object) -> GuestConfig:
-    return GuestConfig(init_mode=SYSTEMD_INIT, **fields)  # type: ignore[arg-type]
 
 
 def missing_systemd_guest_packages() -> list[str]:
@@ -87,7 +83,7 @@ def route_systemd_items(config: pytest.Config, items: list[pytest.Item]) -> Rout
     def runner(nodeids: list[str]) -> GuestRunner:
         artifacts = Path(tempfile.mkdtemp(prefix="dqoes-e2e-"))
         config.add_cleanup(lambda: shutil.rmtree(artifacts, ignore_errors=True))
-        guest = systemd_guest_config(shares=(Share("e2e", artifacts),))
+        guest = GuestConfig(init_mode=SYSTEMD_INIT, shares=(Share("e2e", artifacts),))
         return GuestRunner(config.rootpath, nodeids, guest,
                            prepare=lambda: build_e2e_artifacts(artifacts))
 
