@@ -30,6 +30,7 @@ import pytest
 from dqoes_cg.ctl import format_status
 from tests.guest.e2e import (
     CGROUP,
+    DOCKER,
     RUN_DIR,
     Artifacts,
     Docker,
@@ -80,7 +81,7 @@ def docker(built: Artifacts) -> Iterator[Docker]:
     docker.start("cgroupfs")
     docker.import_image(built.infer)
     yield docker
-    subprocess.run(["/usr/bin/docker", "rm", "-f", TIGHT, LOOSE], capture_output=True)
+    subprocess.run([DOCKER, "rm", "-f", TIGHT, LOOSE], capture_output=True)  # if still there
 
 
 @pytest.fixture(scope="module")
