@@ -22,6 +22,7 @@ import pytest
 
 from dqoes_cg import testbed
 from dqoes_cg.testbed import solo_latency
+from tests.guest.e2e import wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -31,14 +32,7 @@ T = TypeVar("T")
 
 
 def _wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
+    return wait_for(predicate, timeout, what, every=0.5)
 
 
 def _classes(bed: testbed.Testbed) -> dict[str, str]:
@@ -71,8 +65,10 @@ def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
                           "at least 3 of 4 targets met")
         status = {c["name"].rsplit("/", 1)[1]: c for c in bed.status()["containers"]}
         log = bed.daemon_log.read_text()
-        assert status["w1"]["cpu_usage_cores"] > status["w3"]["cpu_usage_cores"], (final, log)
-        assert status["w2"]["cpu_usage_cores"] > status["w4"]["cpu_usage_cores"], (final, log)
+        # CPU moved: the daemon's limits favour the tight targets (per-tick usage is too
+        # noisy on an emulated CPU to compare).
+        limit = {n: c["cpu_limit_cores"] or float("inf") for n, c in status.items()}
+        assert min(limit["w1"], limit["w2"]) > max(limit["w3"], limit["w4"]), (final, log)
 
         # kill -9: the limits stay in force, and a new daemon re-adopts them.
         limits = {n: bed.cpu_max(n) for n in targets}
