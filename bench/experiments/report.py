@@ -22,6 +22,7 @@ from .trace import Run
 
 S_TOLERANCE = 1  # containers: simulated and real final |S| agree within this
 SHARE_TOLERANCE = 0.10  # CPUs: mean |difference| of the converged CPU shares
+WIDE_ALPHA = 0.25  # real runs counted again with a band wider than the host's speed swings
 COMMAND = "python -m bench.experiments"
 
 
@@ -78,7 +79,10 @@ def _real_row(sc: Scenario, runs: dict[str, Any]) -> dict[str, Any]:
     return {"scenario": sc.key, "title": sc.title, "containers": sc.size,
             "oracle": sum(oracle(nd, runs["curves"]) for nd in runs["dqoes"].nodes),
             "dqoes_s": d.final_s, "dqoes_reached_s": d.reached_s, "default_s": base.final_s,
+            "dqoes_s_25": outcome(runs["dqoes"], WIDE_ALPHA).final_s,
+            "default_s_25": outcome(runs["default"], WIDE_ALPHA).final_s,
             "sim_dqoes_s": a.sim_s, "sim_default_s": b.sim_s,
+            "sim_quiet_s": outcome(runs["sim-quiet"]).final_s,
             "share_error_dqoes": a.share_error, "share_error_default": b.share_error,
             "agrees": ok}
 
@@ -122,16 +126,26 @@ def _markdown(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
               "runs the same containers, targets and arrivals. It agrees when the final |S| "
               f"is within {S_TOLERANCE} and the converged CPU shares within "
               f"{SHARE_TOLERANCE:g} CPU on average, for both dqoes-cg and the default.", "",
-              "| scenario | n | oracle | real dqoes-cg (reached) | real default | sim dqoes-cg "
-              "| sim default | share error dqoes / default (CPU) | agrees |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "The emulated CPUs' speed swings by tens of percent within a run (other guests "
+              "share the host's 2 cores), more than the 10% band, so the real |S| is also "
+              f"counted within {WIDE_ALPHA:.0%} of the targets (the daemon still used 10%). "
+              "The simulator is given each real run's scatter (the standard deviation of its "
+              "log latency over the converged tail); the last column is the same simulation "
+              "without it: the same controller on a kernel whose speed holds still.",
+              "",
+              "| scenario | n | oracle | real dqoes-cg (reached) | real default | within "
+              f"{WIDE_ALPHA:.0%}: dqoes-cg / default | sim dqoes-cg | sim default | share error "
+              "dqoes / default (CPU) | agrees | sim dqoes-cg without scatter |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['scenario']}: {r['title']} | {r['containers']} | {r['oracle']} | "
               f"{_reached(r['dqoes_s'], r['dqoes_reached_s'])} | {r['default_s']} | "
-              f"{r['sim_dqoes_s']} | {r['sim_default_s']} | {r['share_error_dqoes']:.3f} / "
-              f"{r['share_error_default']:.3f} | {'yes' if r['agrees'] else 'no'} |"
+              f"{r['dqoes_s_25']} / {r['default_s_25']} | {r['sim_dqoes_s']} | "
+              f"{r['sim_default_s']} | {r['share_error_dqoes']:.3f} / "
+              f"{r['share_error_default']:.3f} | {'yes' if r['agrees'] else 'no'} | "
+              f"{r['sim_quiet_s']} |"
               for r in real_rows]
     if not real_rows:
-        lines.append("| (no real runs in this results directory) |||||||||")
+        lines.append("| (no real runs in this results directory) |||||||||||")
     lines += ["", "## Calibration (calibration.json, calibration.png)", "",
               "Each worker type alone at a few cpu.max quotas, with the other CPU kept busy: "
               "latency x quota / solo latency (1 = latency inversely proportional to the "
