@@ -61,7 +61,7 @@ def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
         # The satisfied count rises from 0 (even share: two in B, two in G) to all four;
         # one may flicker out of S at a given moment on a noisy emulated CPU.
         final = _wait_for(lambda: (c := _classes(bed)) and
-                          sum(v == "S" for v in c.values()) >= 3 and c, 240,
+                          sum(v == "S" for v in c.values()) >= 3 and c, 360,
                           "at least 3 of 4 targets met")
         status = {c["name"].rsplit("/", 1)[1]: c for c in bed.status()["containers"]}
         log = bed.daemon_log.read_text()
