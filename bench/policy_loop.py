@@ -50,13 +50,16 @@ def algorithm1_loop(
             classes.append(Cls.S)
             satisfied += 1
 
+    used = sum(r for r, c in zip(usage, classes, strict=True) if c != Cls.IDLE)
+    idle = max(T_R - used, 0.0) if q_g == 0.0 else 0.0
     limits = list(limit)
     for i in range(n):
         if classes[i] == Cls.G:
             binding = min(limit[i], usage[i])
             limits[i] = max(binding * (1 - q[i] / q_g * r_g * beta), 1 / (2 * n))
         elif classes[i] == Cls.B:
-            limits[i] = min(limit[i] * (1 + q[i] / q_b * r_g * beta), T_R)
+            grown = limit[i] * (1 + q[i] / q_b * r_g * beta) + q[i] / q_b * idle
+            limits[i] = min(grown, T_R)
     return limits, [int(c) for c in classes], Round(q_g, q_b, r_g, r_b, satisfied)
 
 

@@ -38,7 +38,7 @@ from .cgroup import DOCKER_ROOT, CgroupError, find_cgroup2_mount, require_cpu_co
 from .cgtable import LEAVE_ALONE, PERIOD_UNKNOWN, Status
 from .control import Peer, RequestError
 from .fleet import Fleet, format_cpu_max
-from .policy import Cls, DQoES, Policy
+from .policy import ALPHA, BETA, IV_INITIAL_S, IV_MAX_S, Cls, DQoES, Policy
 from .ring import DEFAULT_CAPACITY, create_ring, ring_path
 from .state import METRICS, StateStore, Target, check_target
 from .systemd_units import UnitLimiter, UnitQuotas
@@ -54,10 +54,10 @@ class Config:
     state_dir: Path = Path("/var/lib/dqoes")
     run_dir: Path = Path("/run/dqoes")
     cpus: float | None = None  # the budget T_R in CPUs; None: all online CPUs
-    alpha: float = 0.10
-    beta: float = 0.10
-    iv_initial: float = 10.0
-    iv_max: float = 160.0
+    alpha: float = ALPHA
+    beta: float = BETA
+    iv_initial: float = IV_INITIAL_S
+    iv_max: float = IV_MAX_S
     ring_capacity: int = DEFAULT_CAPACITY
     docker_root: Path = DOCKER_ROOT
     rebind_interval: float = 2.0  # seconds between look-ups of pending containers

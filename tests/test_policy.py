@@ -53,29 +53,49 @@ def test_hand_computed_round():
     assert totals == pytest.approx(Round(q_g=1.0, q_b=-1.0, r_g=0.5, r_b=0.3, satisfied=1))
 
 
-def test_gap_shares_split_the_step():
+@pytest.mark.parametrize(("inputs", "classes", "limits"), [
     # alpha 0.05. Two G with q 0.3 and 0.1 (Q_G 0.4, R_G 0.4): cuts of 0.75·0.04 and
     # 0.25·0.04. Two B with q -0.6 and -0.2 (Q_B -0.8): growths of 0.75·0.04 and 0.25·0.04.
-    limits, classes, _ = check(
-        target=[1.0, 1.0, 1.0, 1.0],
-        measured=[0.7, 0.9, 1.6, 1.2],
-        usage=[0.2, 0.2, 0.2, 0.2],
-        limit=[0.2, 0.2, 0.2, 0.2],
-        alpha=0.05,
-    )
-    assert classes == [G, G, B, B]
-    assert limits == pytest.approx([0.2 * 0.97, 0.2 * 0.99, 0.2 * 1.03, 0.2 * 1.01])
+    pytest.param(dict(target=[1.0] * 4, measured=[0.7, 0.9, 1.6, 1.2], usage=[0.2] * 4,
+                      limit=[0.2] * 4, alpha=0.05),
+                 [G, G, B, B], [0.2 * 0.97, 0.2 * 0.99, 0.2 * 1.03, 0.2 * 1.01],
+                 id="gap-shares-split-the-step"),
+    # n = 4: floor 1/8. A cut that would land below it stops at it; a G container whose
+    # limit already sits below the floor is raised to it (the paper's lines 19-20).
+    pytest.param(dict(target=[1.0] * 4, measured=[0.1, 0.1, 1.0, 1.0],
+                      usage=[0.13, 0.05, 0.3, 0.3], limit=[0.13, 0.05, 0.3, 0.3], beta=1.0),
+                 [G, G, S, S], [0.125, 0.125, 0.3, 0.3], id="g-floor"),
+])
+def test_round(inputs, classes, limits):
+    got_limits, got_classes, _ = check(**inputs)
+    assert got_classes == classes
+    assert got_limits == pytest.approx(limits)
 
 
-def test_all_b_and_no_g_changes_nothing():
-    # B grows by R_G, which is 0: the paper's unachievable run stays at an even share,
-    # even where a container uses less than its cap.
-    limit = [0.25, 0.25, 0.25, 0.25]
+def test_all_b_on_busy_cpus_changes_nothing():
+    # B grows by R_G, which is 0, and no CPU is idle: the paper's unachievable run stays at
+    # an even share, even where a container uses less than its cap.
+    limit = [0.25, 0.3, 0.25, 0.3]
     limits, classes, totals = check([20.0] * 4, [31.6, 35.0, 40.0, 31.6],
-                                    [0.25, 0.2, 0.25, 0.1], limit)
+                                    [0.25, 0.25, 0.25, 0.25], limit)
     assert classes == [B] * 4
     assert limits.tolist() == limit
     assert totals.q_g == 0.0 and totals.r_g == 0.0
+
+
+def test_all_b_takes_the_idle_cpu_by_its_gap():
+    # Caps of 0.2 each leave 0.4 of the budget idle and no G gives anything: B takes the
+    # idle 0.4 at once, split by q_i/Q_B (1/4 and 3/4).
+    limits, classes, _ = check([1.0, 1.0, 1.0], [2.0, 4.0, 1.0], [0.2, 0.2, 0.2],
+                               [0.2, 0.2, 0.2])
+    assert classes == [B, B, S]
+    assert limits.tolist() == pytest.approx([0.3, 0.5, 0.2])
+
+
+def test_idle_cpu_is_left_to_the_papers_rule_while_g_gives():
+    limits, classes, _ = check([1.0, 1.0], [0.5, 2.0], [0.3, 0.3], [0.3, 0.3])
+    assert classes == [G, B]
+    assert limits.tolist() == pytest.approx([0.3 * (1 - 0.03), 0.3 * (1 + 0.03)])
 
 
 def test_g_and_s_only_leaves_s_alone():
@@ -91,20 +111,6 @@ def test_s_band_is_closed():
                                [0.2] * 4, [0.2] * 4, alpha=0.25)
     assert classes == [S, S, G, B]
     assert totals.satisfied == 2
-
-
-def test_g_floor():
-    # n = 4: floor 1/8. A cut that would land below it stops at it; a G container whose
-    # limit already sits below the floor is raised to it (the paper's lines 19-20).
-    limits, classes, _ = check(
-        target=[1.0, 1.0, 1.0, 1.0],
-        measured=[0.1, 0.1, 1.0, 1.0],
-        usage=[0.13, 0.05, 0.3, 0.3],
-        limit=[0.13, 0.05, 0.3, 0.3],
-        beta=1.0,
-    )
-    assert classes == [G, G, S, S]
-    assert limits.tolist()[:2] == [0.125, 0.125]
 
 
 def test_b_cap():

@@ -34,7 +34,7 @@ def write(out: Path, measured: dict[str, Curve], curves: dict[str, Curve],
     for sc in papers:
         runs = paper_runs[sc.key]
         _figure(out / f"{sc.key}.png", sc, runs["dqoes"], runs["default"], None,
-                f"simulated, the paper's parameters ({_params(PAPER_PARAMS)})",
+                f"simulated, dqoesd's defaults ({_params(PAPER_PARAMS)})",
                 [oracle(nd, curves) for nd in runs["dqoes"].nodes])
     real_rows = []
     for sc in reals:
@@ -104,8 +104,9 @@ def _markdown(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
         "container's latency curve and DQoES's floor of 1/(2n) of the budget per container. "
         "The default platform sets no limits: CFS's even share.", "",
         "## The paper's scenarios at its scale (simulated)", "",
-        f"Simulated 2-CPU nodes, 10 containers each; the paper's parameters: "
-        f"{_params(PAPER_PARAMS)}; runs of "
+        f"Simulated 2-CPU nodes, 10 containers each; dqoesd's defaults, which are the "
+        f"paper's alpha, beta and IV_initial with a ceiling of the interval (the paper "
+        f"gives none): {_params(PAPER_PARAMS)}; runs of "
         f"{max((r['duration_s'] for r in paper_rows), default=0):.0f} simulated seconds.", "",
         "| scenario | n | paper | oracle | dqoes-cg final \\|S\\| (reached) | default \\|S\\| |",
         "|---|---|---|---|---|---|",
@@ -126,8 +127,8 @@ def _markdown(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
               "runs the same containers, targets and arrivals. It agrees when the final |S| "
               f"is within {S_TOLERANCE} and the converged CPU shares within "
               f"{SHARE_TOLERANCE:g} CPU on average, for both dqoes-cg and the default.", "",
-              "The emulated CPUs' speed swings by tens of percent within a run (other guests "
-              "share the host's 2 cores), more than the 10% band, so the real |S| is also "
+              "The emulated CPUs' speed swings within a run whenever other work shares the "
+              "host's 2 cores, at times by more than the 10% band, so the real |S| is also "
               f"counted within {WIDE_ALPHA:.0%} of the targets (the daemon still used 10%). "
               "The simulator is given each real run's scatter (the standard deviation of its "
               "log latency over the converged tail); the last column is the same simulation "
@@ -149,10 +150,11 @@ def _markdown(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]],
     lines += ["", "## Calibration (calibration.json, calibration.png)", "",
               "Each worker type alone at a few cpu.max quotas, with the other CPU kept busy: "
               "latency x quota / solo latency (1 = latency inversely proportional to the "
-              "CPU share). The simulator takes latency = solo / share: on this shared host "
-              "(other guests compete for its 2 cores) the measured factors scatter more than "
-              "they depart from 1, and each real scenario's own default run sets the speed "
-              "its simulation uses (its even-share latencies).", "", "| model | solo latency | " +
+              "CPU share). The simulator takes latency = solo / share, and each real "
+              "scenario's own default run sets the speed its simulation uses (its even-share "
+              "latencies); where a factor departs from 1, the simulated curve is off by that "
+              "much at that share, and the validation above shows what it costs.", "",
+              "| model | solo latency | " +
               " | ".join(f"at {c:g} CPU" for c in next(iter(curves.values())).cores) + " |",
               "|---" * (2 + len(next(iter(curves.values())).cores)) + "|"]
     lines += [f"| {m} | {c.solo_s * 1e3:.0f} ms | " + " | ".join(f"{f:.2f}" for f in c.factors)
@@ -193,7 +195,7 @@ def _comparison(paper_rows: list[dict[str, Any]], real_rows: list[dict[str, Any]
          "r5-cluster"),
     ]
     lines = ["", "## Against the paper", "",
-             "| the paper | simulated, paper's parameters | best in the sweep | real (scaled) |",
+             "| the paper | simulated, dqoesd's defaults | best in the sweep | real (scaled) |",
              "|---|---|---|---|"]
     lines += [f"| {claim} | {got(sim, s_key)} | {best(s_key)} | {got(real, r_key)} |"
               for claim, s_key, r_key in claims]

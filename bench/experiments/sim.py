@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dqoes_cg.policy import DQoES, Observation
+from dqoes_cg.policy import ALPHA, BETA, IV_INITIAL_S, IV_MAX_S, DQoES, Observation
 
 DEMAND_CORES = 1.0  # a worker is one serving thread
 
@@ -65,10 +65,10 @@ class Node:
 class Params:
     """The daemon's parameters (dqoesd's options)."""
 
-    alpha: float = 0.10
-    beta: float = 0.10
-    iv_initial: float = 10.0
-    iv_max: float = 160.0
+    alpha: float = ALPHA
+    beta: float = BETA
+    iv_initial: float = IV_INITIAL_S
+    iv_max: float = IV_MAX_S
     sample_interval: float = 1.0
 
 
