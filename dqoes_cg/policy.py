@@ -175,6 +175,14 @@ class Workspace:
                    valid=flags(), g=flags(), s=flags(), b=flags())
 
 
+def _masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
+    """Σ values[mask], through scratch: masked reductions and ufuncs (`where=`) run several
+    times slower per element than a plain copy and sum."""
+    scratch.fill(0.0)
+    np.copyto(scratch, values, where=mask)
+    return float(scratch.sum())
+
+
 def algorithm1_into(
     target: FloatArray, measured: FloatArray, usage: FloatArray, limit: FloatArray, *,
     alpha: float, beta: float, ws: Workspace, limits_out: FloatArray, classes_out: Int8Array,
@@ -199,35 +207,37 @@ def algorithm1_into(
     np.logical_or(g, b, out=s)
     np.logical_xor(s, valid, out=s)  # valid and neither G nor B (G and B lie inside valid)
 
-    totals = Round(
-        q_g=float(np.add.reduce(q, where=g)), q_b=float(np.add.reduce(q, where=b)),
-        r_g=float(np.add.reduce(usage, where=g)), r_b=float(np.add.reduce(usage, where=b)),
-        satisfied=int(np.count_nonzero(s)),
-    )
+    totals = Round(q_g=_masked_sum(q, g, y), q_b=_masked_sum(q, b, y),
+                   r_g=_masked_sum(usage, g, y), r_b=_masked_sum(usage, b, y),
+                   satisfied=int(np.count_nonzero(s)))
+    used = _masked_sum(usage, valid, y)
 
     classes_out.fill(Cls.IDLE)
     np.copyto(classes_out, Cls.G, where=g)
     np.copyto(classes_out, Cls.S, where=s)
     np.copyto(classes_out, Cls.B, where=b)
 
+    # Each class's new limit is computed for every slot, then copied where the class holds.
     np.copyto(limits_out, limit)  # S and idle keep theirs
     if totals.q_g > 0.0:  # G is not empty
-        step = totals.r_g * beta / totals.q_g
-        np.minimum(limit, usage, out=x, where=g)  # the limit that binds
-        np.multiply(q, step, out=y, where=g)
-        np.subtract(1.0, y, out=y, where=g)
-        np.multiply(x, y, out=x, where=g)
-        np.maximum(x, 0.5 / n, out=limits_out, where=g)
+        np.minimum(limit, usage, out=x)  # the limit that binds
+        np.multiply(q, -totals.r_g * beta / totals.q_g, out=y)
+        np.add(y, 1.0, out=y)
+        np.multiply(x, y, out=x)
+        np.maximum(x, 0.5 / n, out=x)
+        np.copyto(limits_out, x, where=g)
     if totals.q_b < 0.0:  # B is not empty
-        step = totals.r_g * beta / totals.q_b  # ≤ 0, and so is q_i: the factor is ≥ 1
-        np.multiply(q, step, out=y, where=b)
-        np.add(1.0, y, out=y, where=b)
-        np.multiply(limit, y, out=y, where=b)
-        idle = T_R - float(np.add.reduce(usage, where=valid))
-        if totals.q_g == 0.0 and idle > 0.0:  # no G to give: B takes the idle CPU
-            np.multiply(q, idle / totals.q_b, out=x, where=b)
-            np.add(y, x, out=y, where=b)
-        np.minimum(y, T_R, out=limits_out, where=b)
+        # The factor 1 + (q_i/Q_B)·R_G·β is ≥ 1 (q_i and Q_B are both < 0); with no G, the
+        # idle CPU is added by the same shares.
+        idle = T_R - used if totals.q_g == 0.0 else 0.0
+        np.multiply(q, totals.r_g * beta / totals.q_b, out=y)
+        np.add(y, 1.0, out=y)
+        np.multiply(limit, y, out=y)
+        if idle > 0.0:
+            np.multiply(q, idle / totals.q_b, out=x)
+            np.add(y, x, out=y)
+        np.minimum(y, T_R, out=y)
+        np.copyto(limits_out, y, where=b)
     return totals
 
 
