@@ -7,14 +7,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* What, in a ring's directory, can make its path name another file than the one opened
+ * (or nothing): an entry created, deleted or moved (over), an attribute (permission)
+ * changed, the directory itself moved or deleted. Writes are not watched: a truncation
+ * or growth is seen by fstat on the open file. Only a directory is watched, and not
+ * through a symlink (re-pointing it would go unseen). */
+#define DIR_EVENTS                                                                         \
+    (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | IN_DELETE_SELF |    \
+     IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW)
+
+/* Directories with events that one drain tells apart; beyond, it checks every ring. */
+#define MAX_CHANGED_DIRS 64
 
 struct reader {
     int fd; /* -1 while closed */
     char *path;
     dev_t dev;
     ino_t ino;
+    /* The inotify watch on the path's directory (-1: none, the path is looked up at every
+     * drain), and whether the next drain must look the path up (and watch again). */
+    int wd;
+    int suspect;
     uint64_t read_pos;     /* next position to read */
     uint64_t last_read_ns; /* real clock before the last read of the write counter */
     uint64_t last_now_ns;  /* latest now (given or real, the later): times stalled slots */
@@ -38,6 +55,7 @@ struct dq_ring_table {
     struct dqoes_ring_slot *scratch; /* capacity slots: where pread copies a ring */
     uint64_t *hist;                  /* n * DQ_RING_NBUCKETS */
     struct reader *readers;
+    int inotify_fd; /* -1: none, every drain looks up every ring's path */
 };
 
 uint64_t dq_ring_file_size(uint64_t capacity) {
@@ -76,29 +94,64 @@ dq_ring_table *dq_ring_table_new(size_t n, uint64_t capacity, uint64_t *counters
     t->scratch = aligned_alloc(64, capacity * DQOES_RING_SLOT_SIZE);
     t->hist = calloc(n ? n * DQ_RING_NBUCKETS : 1, sizeof *t->hist);
     t->readers = calloc(n ? n : 1, sizeof *t->readers);
+    t->inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
     if (t->scratch == NULL || t->hist == NULL || t->readers == NULL) {
         dq_ring_table_free(t);
         return NULL;
     }
     for (size_t i = 0; i < n; i++) {
         t->readers[i].fd = -1;
+        t->readers[i].wd = -1;
         t->readers[i].hist = t->hist + i * DQ_RING_NBUCKETS;
         status[i] = DQ_RING_UNUSED;
     }
     return t;
 }
 
-static void close_reader(struct reader *r) {
+/* Removes watch wd. Other rings in that directory shared it: the IN_IGNORED it queues
+ * has them watch again at the next drain. */
+static void unwatch(dq_ring_table *t, int wd) {
+    if (wd >= 0 && t->inotify_fd >= 0)
+        inotify_rm_watch(t->inotify_fd, wd);
+}
+
+/* Watches the directory that r's path now goes through, in place of r's previous watch.
+ * Done before the path is looked up, so that a change is seen either by that lookup or by
+ * the watch. No watch (no inotify, the watch limit reached, a directory reached through a
+ * symlink): the path is looked up at every drain. */
+static void watch(dq_ring_table *t, struct reader *r) {
+    char *slash = strrchr(r->path, '/');
+    int old = r->wd;
+    r->wd = -1;
+    if (t->inotify_fd >= 0 && slash == NULL) {
+        r->wd = inotify_add_watch(t->inotify_fd, ".", DIR_EVENTS);
+    } else if (t->inotify_fd >= 0) {
+        char *end = slash == r->path ? slash + 1 : slash, c = *end; /* "/ring": "/" */
+        *end = '\0';
+        r->wd = inotify_add_watch(t->inotify_fd, r->path, DIR_EVENTS);
+        *end = c;
+    }
+    if (old != r->wd)
+        unwatch(t, old);
+}
+
+static void close_reader(dq_ring_table *t, struct reader *r) {
+    int wd = r->wd;
     if (r->fd >= 0)
         close(r->fd);
     r->fd = -1;
+    r->wd = -1;
+    unwatch(t, wd);
 }
 
 void dq_ring_table_free(dq_ring_table *t) {
     if (t == NULL)
         return;
+    if (t->inotify_fd >= 0)
+        close(t->inotify_fd); /* drops every watch */
+    t->inotify_fd = -1;
     for (size_t i = 0; t->readers && i < t->n; i++) {
-        close_reader(&t->readers[i]);
+        close_reader(t, &t->readers[i]);
         free(t->readers[i].path);
     }
     free(t->readers);
@@ -110,7 +163,7 @@ void dq_ring_table_free(dq_ring_table *t) {
 /* Sets entry i's status to a fault; from DQ_RING_CLOSED on, the ring is closed. */
 static int set_fault(dq_ring_table *t, size_t i, int code) {
     if (code >= DQ_RING_CLOSED)
-        close_reader(&t->readers[i]);
+        close_reader(t, &t->readers[i]);
     t->status[i] = (int8_t)code;
     t->last_fault[i] = (int8_t)code;
     return code;
@@ -173,7 +226,7 @@ int dq_ring_attach(dq_ring_table *t, size_t i, const char *path, uint64_t now_ns
     struct dqoes_ring_header h;
     char *copy = strdup(path);
     int code;
-    close_reader(r);
+    close_reader(t, r);
     free(r->path);
     r->path = copy;
     if (copy == NULL)
@@ -181,6 +234,7 @@ int dq_ring_attach(dq_ring_table *t, size_t i, const char *path, uint64_t now_ns
     r->last_read_ns = dqoes_probe_now_ns();
     if ((code = open_ring(t, r, &h)) != DQ_RING_OK)
         return set_fault(t, i, code);
+    r->suspect = 1; /* the first drain watches the directory, then looks the path up */
     r->read_pos = h.write_counter;
     r->stalled = 0;
     r->last_now_ns = now_ns;
@@ -192,12 +246,16 @@ int dq_ring_attach(dq_ring_table *t, size_t i, const char *path, uint64_t now_ns
 int dq_ring_adopt(dq_ring_table *dst, size_t i, dq_ring_table *src, size_t j) {
     struct reader *to = &dst->readers[i], *from = &src->readers[j];
     uint64_t *hist = to->hist;
+    int wd = from->wd;
     if (dst->capacity != src->capacity)
         return -1;
-    close_reader(to);
+    close_reader(dst, to);
     free(to->path);
+    from->wd = -1; /* src's watch means nothing in dst */
+    unwatch(src, wd);
     *to = *from;
     to->hist = hist;
+    to->suspect = 1; /* changes since src last read its events */
     memcpy(hist, from->hist, DQ_RING_NBUCKETS * sizeof *hist);
     for (int k = 0; k < DQ_RING_NCOUNTERS; k++)
         dst->counters[k * dst->n + i] = src->counters[k * src->n + j];
@@ -238,12 +296,48 @@ static double bucket_value(unsigned b) {
            (double)((1ULL << shift) - 1) / 2.0;
 }
 
+/* Marks suspect the rings whose directory reported a change since the last drain: every
+ * ring after a queue overflow, a failed read or changes in too many directories. */
+static void note_changes(dq_ring_table *t) {
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    const struct inotify_event *ev;
+    int changed[MAX_CHANGED_DIRS], all = 0;
+    size_t nchanged = 0;
+    ssize_t len;
+    if (t->inotify_fd < 0)
+        return;
+    while ((len = read(t->inotify_fd, buf, sizeof buf)) > 0) {
+        for (char *p = buf; p < buf + len; p += sizeof *ev + ev->len) {
+            size_t k = 0;
+            ev = (const struct inotify_event *)(void *)p;
+            while (k < nchanged && changed[k] != ev->wd)
+                k++;
+            if ((ev->mask & IN_Q_OVERFLOW) || (k == nchanged && nchanged == MAX_CHANGED_DIRS))
+                all = 1;
+            else if (k == nchanged)
+                changed[nchanged++] = ev->wd;
+        }
+    }
+    all |= len < 0 && errno != EAGAIN;
+    for (size_t i = 0; (all || nchanged) && i < t->n; i++) {
+        struct reader *r = &t->readers[i];
+        for (size_t k = 0; k < nchanged; k++)
+            r->suspect |= r->wd == changed[k];
+        r->suspect |= all;
+    }
+}
+
 /* Checks that r->path still names the file opened, unchanged in size, and reads its
- * header; returns DQ_RING_OK or the fault. */
-static int check_file(const dq_ring_table *t, const struct reader *r,
-                      struct dqoes_ring_header *h) {
+ * header; returns DQ_RING_OK or the fault. Unless its directory changed (or is not
+ * watched), the path still names the file opened: fstat of that file then gives the same
+ * answer without a path lookup. */
+static int check_file(dq_ring_table *t, struct reader *r, struct dqoes_ring_header *h) {
     struct stat st;
-    if (fstatat(AT_FDCWD, r->path, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    int lookup = r->suspect || r->wd < 0;
+    if (r->suspect)
+        watch(t, r);
+    r->suspect = 0;
+    if ((lookup ? fstatat(AT_FDCWD, r->path, &st, AT_SYMLINK_NOFOLLOW) : fstat(r->fd, &st)) != 0)
         return fault_of_errno(errno);
     if (!S_ISREG(st.st_mode))
         return DQ_RING_NOT_REGULAR;
@@ -370,6 +464,7 @@ static uint64_t drain_one(dq_ring_table *t, size_t i, uint64_t now_ns,
 uint64_t dq_ring_drain(dq_ring_table *t, uint64_t now_ns, struct dq_ring_record *out,
                        uint64_t out_len) {
     uint64_t accepted = 0, captured = 0;
+    note_changes(t);
     for (size_t i = 0; i < t->n; i++)
         if (t->readers[i].fd >= 0)
             accepted += drain_one(t, i, now_ns, out, out_len, &captured);

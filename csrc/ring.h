@@ -71,7 +71,8 @@ typedef struct dq_ring_table dq_ring_table;
 
 /* A table of n entries (all DQ_RING_UNUSED) for rings of the given capacity, writing into
  * counters (uint64_t[DQ_RING_NCOUNTERS * n], zeroed by the caller), status and last_fault
- * (int8_t[n] each). Returns NULL for a bad capacity or when out of memory. */
+ * (int8_t[n] each). It holds one inotify instance (without one, every drain looks up
+ * every ring's path). Returns NULL for a bad capacity or when out of memory. */
 dq_ring_table *dq_ring_table_new(size_t n, uint64_t capacity, uint64_t *counters,
                                  int8_t *status, int8_t *last_fault);
 void dq_ring_table_free(dq_ring_table *t);
@@ -89,7 +90,9 @@ int dq_ring_adopt(dq_ring_table *dst, size_t i, dq_ring_table *src, size_t j);
 
 /* Reads the new records of every open ring into the window accumulators. When out is not
  * NULL, the first out_len accepted records are also copied there. Returns the number of
- * records accepted. now_ns is the reader's CLOCK_MONOTONIC time. */
+ * records accepted. now_ns is the reader's CLOCK_MONOTONIC time. A ring's path is looked
+ * up only when its directory (watched with the table's inotify instance) reported a change
+ * or is not watched; else fstat of the open file checks its size. */
 uint64_t dq_ring_drain(dq_ring_table *t, uint64_t now_ns, struct dq_ring_record *out,
                        uint64_t out_len);
 
