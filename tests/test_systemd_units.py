@@ -169,8 +169,9 @@ def test_the_controller_hands_over_changed_unit_limits_only(tmp_path: Path) -> N
     plain = make_cgroup(mount, "docker/" + "a" * 64)
     policy, limiter = FixedPolicy(), RecordingLimiter()
     controller = Controller(Config(mount=mount, state_dir=tmp_path / "state",
-                                   run_dir=tmp_path / "run", cpus=2), policy=policy,
-                            limiter=limiter)  # type: ignore[arg-type]
+                                   run_dir=tmp_path / "run", cpus=2,
+                                   reconcile_interval=0.0),  # read back at every tick
+                            policy=policy, limiter=limiter)  # type: ignore[arg-type]
     for name in ("system.slice/infer.service", "docker/" + "a" * 64):
         controller.set_target(name, 0.1, "mean", False, ROOT)
 
