@@ -198,7 +198,7 @@ def resolve(name: str, mount: Path | None = None, *, proc: Path = PROC,
     return _resolve_container(name, mount, tree, docker_root)
 
 
-def _systemd_unit(rel: PurePosixPath) -> str | None:
+def systemd_unit(rel: PurePosixPath) -> str | None:
     """The unit name if `rel` is a cgroup of the system manager: a unit directly in a slice
     (the user managers' units, under user@UID.service, are not)."""
     if rel.name.endswith(UNIT_SUFFIXES) and all(p.endswith(".slice") for p in rel.parts[:-1]):
@@ -227,7 +227,7 @@ def _resolve_path(name: str, mount: Path) -> Resolved:
     else:
         rel = PurePosixPath(name.lstrip("/"))
     path = _require_cgroup(mount, rel, f"cgroup path {name!r}")
-    return Resolved(path, _cgroup_path(rel), Kind.PATH, unit=_systemd_unit(rel))
+    return Resolved(path, _cgroup_path(rel), Kind.PATH, unit=systemd_unit(rel))
 
 
 def _resolve_pid(pid: str, mount: Path, proc: Path) -> Resolved:
@@ -243,7 +243,7 @@ def _resolve_pid(pid: str, mount: Path, proc: Path) -> Resolved:
     rel = PurePosixPath(v2[0].lstrip("/"))
     path = _require_cgroup(mount, rel, f"process {pid}'s cgroup {v2[0]}")
     container = _container_in(rel)
-    return Resolved(path, _cgroup_path(rel), Kind.PID, unit=_systemd_unit(rel),
+    return Resolved(path, _cgroup_path(rel), Kind.PID, unit=systemd_unit(rel),
                     container_id=container.id if container else None)
 
 
@@ -268,7 +268,7 @@ def _walk(mount: Path, max_depth: int, max_cgroups: int) -> list[PurePosixPath]:
 
 
 def _resolve_unit(name: str, mount: Path, tree: list[PurePosixPath]) -> Resolved:
-    matches = [rel for rel in tree if rel.name == name and _systemd_unit(rel)]
+    matches = [rel for rel in tree if rel.name == name and systemd_unit(rel)]
     if not matches:
         raise CgroupError(f"no systemd unit {name!r} has a cgroup under {mount}: "
                           "is it running?")
@@ -329,7 +329,7 @@ def _resolve_container(name: str, mount: Path, tree: list[PurePosixPath],
     c = matches[0]
     if display is None:
         display = (c.kind == Kind.DOCKER and _docker_name(c.id, docker_root)) or c.id[:12]
-    return Resolved(mount / c.rel, display, c.kind, unit=_systemd_unit(c.rel),
+    return Resolved(mount / c.rel, display, c.kind, unit=systemd_unit(c.rel),
                     container_id=c.id)
 
 

@@ -45,6 +45,9 @@ from .systemd_units import UnitLimiter, UnitQuotas
 
 log = logging.getLogger(__name__)
 
+# The classes a container can show in status: the policy's, and "pending" (no cgroup yet).
+STATUS_CLASSES = ("G", "S", "B", "idle", "pending")
+
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -395,7 +398,7 @@ class Controller:
             containers.append(row)
         c = self.counters
         counts = {k: sum(1 for r in containers if r["class"] == k)
-                  for k in ("G", "S", "B", "idle", "pending")}
+                  for k in STATUS_CLASSES}
         rings = f.rings
         host = {
             **counts, "policy": self.policy.name, "interval_s": c.interval,

@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             if now >= next_tick:
                 with lock:
                     controller.tick(now)
-                notifier.watchdog()
-                notifier.status(controller.summary())
+                if notifier.enabled:
+                    notifier.alive(controller.summary())
                 # Keep the cadence; after a stall, skip the missed ticks rather than bunch up.
                 next_tick += cfg.sample_interval
                 if next_tick < now:

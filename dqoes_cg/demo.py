@@ -30,7 +30,7 @@ import numpy as np
 
 from .cgroup import CgroupError
 from .ctl import format_duration, format_status
-from .policy import Cls, algorithm1
+from .policy import Cls, classify
 from .testbed import Observer, Testbed
 
 DAEMON_ARGS = ("--sample-interval", "0.5", "--interval", "4", "--max-interval", "8",
@@ -153,8 +153,7 @@ def run(bed: Testbed, duration: float, redraw: bool
 
 
 def _satisfied(targets: np.ndarray, latency: np.ndarray) -> int:
-    zeros = np.zeros(len(targets))
-    return algorithm1(targets, latency, zeros, zeros)[2].satisfied
+    return int((classify(targets, latency) == Cls.S).sum())
 
 
 def summarize(h: History, targets: np.ndarray, even: np.ndarray, final: dict[str, Any],
@@ -166,8 +165,7 @@ def summarize(h: History, targets: np.ndarray, even: np.ndarray, final: dict[str
     tail = managed & (t >= t[-1] - max(20.0, 0.2 * (t[-1] - DEFAULT_PHASE_S)))
     settled = np.nanmedian(np.array(h.latency)[tail], axis=0) if tail.any() \
         else np.full(len(SERVICES), np.nan)
-    zeros = np.zeros(len(SERVICES))
-    classes = algorithm1(targets, settled, zeros, zeros)[1]
+    classes = classify(targets, settled)
     final_s = int((classes == Cls.S).sum())
     default_s = _satisfied(targets, even)
     satisfied = np.array(h.satisfied)
@@ -177,7 +175,8 @@ def summarize(h: History, targets: np.ndarray, even: np.ndarray, final: dict[str
              f"{t[tail][-1] - t[tail][0] + REFRESH_S:.0f} S)" if tail.any() else "LATENCY",
              "CLASS", "CPU LIMIT", "CPU USAGE", "")]
     by_name = {c["name"].rsplit("/", 1)[-1]: c for c in final["containers"]}
-    usage = np.nanmean(np.array(h.usage)[tail], axis=0) if tail.any() else zeros
+    usage = np.nanmean(np.array(h.usage)[tail], axis=0) if tail.any() \
+        else np.full(len(SERVICES), np.nan)
     for i, (s, target, e) in enumerate(zip(SERVICES, targets, even, strict=True)):
         limit = by_name.get(s.name, {}).get("cpu_limit_cores")
         rows.append((s.name, format_duration(target), format_duration(e),

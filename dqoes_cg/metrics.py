@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+from .controller import STATUS_CLASSES
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-CLASSES = ("G", "S", "B", "idle", "pending")
 DEFAULT_HOST = "127.0.0.1"
 CLIENT_TIMEOUT_S = 5.0
 
@@ -97,7 +98,7 @@ def render(status: dict[str, Any]) -> str:
     for c in status["containers"]:
         name = c["name"]
         target.add(c["target_s"], container=name, metric=c["metric"])
-        for k in CLASSES:
+        for k in STATUS_CLASSES:
             cls.add(1 if c["class"] == k else 0, container=name, **{"class": k})
         if c["class"] == "pending":
             continue
@@ -110,7 +111,7 @@ def render(status: dict[str, Any]) -> str:
 
     h = status["host"]
     containers = family("containers", "gauge", "Containers with a target, by class")
-    for k in CLASSES:
+    for k in STATUS_CLASSES:
         containers.add(h[k], **{"class": k})
     for name, key, help_text in (
             ("ticks_total", "ticks", "Ticks of the control loop"),

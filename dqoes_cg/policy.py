@@ -210,7 +210,6 @@ def algorithm1_into(
     totals = Round(q_g=_masked_sum(q, g, y), q_b=_masked_sum(q, b, y),
                    r_g=_masked_sum(usage, g, y), r_b=_masked_sum(usage, b, y),
                    satisfied=int(np.count_nonzero(s)))
-    used = _masked_sum(usage, valid, y)
 
     classes_out.fill(Cls.IDLE)
     np.copyto(classes_out, Cls.G, where=g)
@@ -229,7 +228,7 @@ def algorithm1_into(
     if totals.q_b < 0.0:  # B is not empty
         # The factor 1 + (q_i/Q_B)·R_G·β is ≥ 1 (q_i and Q_B are both < 0); with no G, the
         # idle CPU is added by the same shares.
-        idle = T_R - used if totals.q_g == 0.0 else 0.0
+        idle = T_R - _masked_sum(usage, valid, y) if totals.q_g == 0.0 else 0.0
         np.multiply(q, totals.r_g * beta / totals.q_b, out=y)
         np.add(y, 1.0, out=y)
         np.multiply(limit, y, out=y)
@@ -252,6 +251,13 @@ def algorithm1(
     totals = algorithm1_into(*arrays, alpha=alpha, beta=beta, ws=Workspace.sized(n),
                              limits_out=limits, classes_out=classes)
     return limits, classes, totals
+
+
+def classify(target: npt.ArrayLike, measured: npt.ArrayLike, alpha: float = ALPHA) -> Int8Array:
+    """Each container's class (Cls codes) at these latencies, as Algorithm 1 sees them: for
+    reports and experiments, which have latencies but no limits to move."""
+    zeros = np.zeros(np.shape(target))
+    return algorithm1(target, measured, zeros, zeros, alpha=alpha)[1]
 
 
 class Listener:

@@ -42,11 +42,9 @@ class Notifier:
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}")
 
-    def status(self, status: str) -> None:
-        self.send(f"STATUS={status}")
-
-    def watchdog(self) -> None:
-        self.send("WATCHDOG=1")
+    def alive(self, status: str) -> None:
+        """The watchdog's ping, with the current status: one datagram a tick."""
+        self.send("WATCHDOG=1", f"STATUS={status}")
 
     def stopping(self) -> None:
         self.send("STOPPING=1")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 import numpy as np
@@ -29,7 +29,7 @@ from jeepney import DBusAddress, Message, new_method_call
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 
-from .cgroup import CgroupError, resolve
+from .cgroup import systemd_unit
 from .cgtable import LEAVE_ALONE
 
 log = logging.getLogger(__name__)
@@ -156,14 +156,6 @@ class UnitLimiter:
         return self._connection
 
 
-def unit_of(cgroup: str | Path, mount: Path) -> str | None:
-    """The system manager's unit whose cgroup this is, or None (or gone)."""
-    try:
-        return resolve(str(cgroup), mount).unit
-    except CgroupError:
-        return None
-
-
 class UnitQuotas:
     """Which slots of a fleet are systemd units, and the quota systemd was last told for
     each. Built with every fleet (slot order), so a new fleet tells systemd once more."""
@@ -171,7 +163,8 @@ class UnitQuotas:
     def __init__(self, limiter: UnitLimiter | None, cgroups: Sequence[str | Path],
                  mount: Path) -> None:
         self.limiter = limiter
-        self.units = [unit_of(c, mount) for c in cgroups] if limiter else [None] * len(cgroups)
+        self.units = [systemd_unit(PurePosixPath(c).relative_to(mount)) for c in cgroups] \
+            if limiter else [None] * len(cgroups)
         self.is_unit = np.array([u is not None for u in self.units], bool)
         self.any = bool(self.is_unit.any())
         self.told_quota = np.full(len(cgroups), NEVER_TOLD, np.int64)

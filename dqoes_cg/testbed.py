@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from .cgroup import find_cgroup2_mount
-from .cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
+from .cgtable import MAX_QUOTA, CgroupTable
 from .control import DaemonUnavailable, request
 from .controller import ring_dir_name
+from .fleet import PERIOD_USEC, format_cpu_max
 from .ring import RingSet, ring_path
 
 CONTROLLERS = "+cpu"
@@ -43,7 +44,6 @@ class Worker:
     cgroup: Path
     model: str
     proc: subprocess.Popen[bytes]
-    ring: Path
 
 
 class Testbed:
@@ -74,7 +74,7 @@ class Testbed:
         self.workers.clear()
         if self.daemon is not None:
             self.stop_daemon()
-        _remove_tree(self.root)
+        remove_tree(self.root)
 
     # --- the daemon ------------------------------------------------------------------
 
@@ -123,10 +123,9 @@ class Testbed:
         cgroup = self.root / name
         cgroup.mkdir(exist_ok=True)
         target_name = f"{self.subtree}/{name}"
-        ring = self.ring_of(name)
         if target_s is not None:
-            ring = Path(self.set_target(target_name, target_s, metric)["ring"])
-        env = {**os.environ, "DQOES_RING": str(ring)}
+            self.set_target(target_name, target_s, metric)
+        env = {**os.environ, "DQOES_RING": str(self.ring_of(name))}
         procs = str(cgroup / "cgroup.procs")
 
         def enter_cgroup() -> None:  # in the child, before exec: start inside the cgroup
@@ -136,7 +135,7 @@ class Testbed:
         cmd = [sys.executable, "-m", "dqoes_cg.workload", "--model", model, "--seed", str(seed)]
         proc = subprocess.Popen(cmd + ["--hold"] * hold, env=env, preexec_fn=enter_cgroup,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        worker = Worker(target_name, cgroup, model, proc, ring)
+        worker = Worker(target_name, cgroup, model, proc)
         self.workers[name] = worker
         return worker
 
@@ -151,12 +150,6 @@ class Testbed:
         """The ring the daemon makes for worker `name` (its target's name is
         <subtree>/<name>); the worker records there, target or not."""
         return ring_path(self.run_dir, ring_dir_name(f"{self.subtree}/{name}"))
-
-    def limit_subtree(self, cpus: float) -> None:
-        """Cap the whole subtree at `cpus` CPUs (cpu.max of its root): a worker node of its
-        own, beside others on the same kernel."""
-        period = DEFAULT_PERIOD_USEC
-        (self.root / "cpu.max").write_text(f"{round(cpus * period)} {period}")
 
     def wait_held(self, timeout: float = 300.0) -> None:
         """Wait until every worker started with hold=True has loaded and stopped itself."""
@@ -268,7 +261,13 @@ def _stop(proc: subprocess.Popen[bytes], sig: int) -> int:
     return proc.wait()
 
 
-def _remove_tree(cgroup: Path) -> None:
+def cap_cpus(cgroup: Path, cpus: float) -> None:
+    """Write a cgroup's cpu.max by hand: at most `cpus` CPUs (the root of a testbed's
+    subtree: a worker node of its own, beside others on the same kernel)."""
+    (cgroup / "cpu.max").write_text(format_cpu_max(round(cpus * PERIOD_USEC), PERIOD_USEC))
+
+
+def remove_tree(cgroup: Path) -> None:
     """Kill what is left in a cgroup tree and remove it, children first."""
     if not cgroup.is_dir():
         return

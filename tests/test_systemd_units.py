@@ -17,7 +17,7 @@ from jeepney.low_level import HeaderFields
 from dqoes_cg.control import Peer
 from dqoes_cg.controller import Config, Controller
 from dqoes_cg.policy import Decision, Observation
-from dqoes_cg.systemd_units import USEC_INFINITY, UnitLimiter, quota_message, unit_of
+from dqoes_cg.systemd_units import USEC_INFINITY, UnitLimiter, quota_message
 from tests.fakecg import make_cgroup, write
 
 ROOT = Peer(pid=1, uid=0, gid=0)
@@ -111,18 +111,6 @@ def test_without_a_system_bus_it_logs_once_and_drops(caplog: pytest.LogCaptureFi
     limiter.close()
     assert caplog.text.count("no system bus") == 1
     assert (limiter.sent, limiter.failed) == (0, 2)
-
-
-def test_unit_of(tmp_path: Path) -> None:
-    for rel in ("system.slice/docker-1.scope", "system.slice/run-r1.scope", "docker/abc",
-                "user.slice/user-0.slice/user@0.service/app.slice/x.service"):
-        make_cgroup(tmp_path, rel)
-    assert unit_of(tmp_path / "system.slice/docker-1.scope", tmp_path) == "docker-1.scope"
-    assert unit_of(tmp_path / "system.slice/run-r1.scope", tmp_path) == "run-r1.scope"
-    assert unit_of(tmp_path / "docker/abc", tmp_path) is None
-    assert unit_of(tmp_path / "user.slice/user-0.slice/user@0.service/app.slice/x.service",
-                   tmp_path) is None  # a user manager's unit: not the system's to set
-    assert unit_of(tmp_path / "system.slice/gone.scope", tmp_path) is None
 
 
 class FixedPolicy:

@@ -48,7 +48,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 REAL_WINDOW_S = 2.0  # observer windows of the real runs
 SIM_WINDOW_S = 5.0  # and of the paper-scale simulations (hours of simulated time)
-PAPER_SIM_DURATION_S = 3000.0  # the paper's runs last 350 to 900 s; ours run longer
 GUEST_TIMEOUT_S = 3 * 3600.0
 # The sensitivity sweep: the step beta and the listener's ceiling iv_max.
 SWEEP_BETAS = (0.1, 0.3)
@@ -158,15 +157,15 @@ def run_simulated(out: Path, quick: bool) -> None:
     real_dir = out / "real"
     progress = Progress(len(papers) + len(reals) + 1)
     paper_runs: dict[str, dict[str, Any]] = {}
-    duration = PAPER_SIM_DURATION_S * (0.1 if quick else 1.0)
     for sc in papers:
         progress.step(f"simulating {sc.key}")
         nodes = sc.build(curves)
         paper_runs[sc.key] = {
-            "dqoes": simulated(sc, nodes, curves, PAPER_PARAMS, duration, SIM_WINDOW_S),
-            "default": simulated(sc, nodes, curves, None, duration, SIM_WINDOW_S),
+            "dqoes": simulated(sc, nodes, curves, PAPER_PARAMS, sc.duration_s, SIM_WINDOW_S),
+            "default": simulated(sc, nodes, curves, None, sc.default_duration_s,
+                                 SIM_WINDOW_S),
             "sweep": {(b, iv): simulated(sc, nodes, curves, Params(
-                beta=b, iv_max=iv), duration, SIM_WINDOW_S)
+                beta=b, iv_max=iv), sc.duration_s, SIM_WINDOW_S)
                 for b in SWEEP_BETAS for iv in SWEEP_IV_MAX},
         }
     real_runs: dict[str, dict[str, Any]] = {}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dqoes_cg.policy import Cls, algorithm1
+from dqoes_cg.policy import Cls, classify
 
 from .sim import DEMAND_CORES, Curve, Node, water_fill
 from .trace import Run
@@ -47,9 +47,7 @@ def default_satisfied(node: Node, curves: dict[str, Curve], alpha: float = 0.10)
     cs = node.containers
     cores = water_fill(node.cpus, np.full(len(cs), DEMAND_CORES))
     latency = np.array([curves[c.model].latency(x) for c, x in zip(cs, cores, strict=True)])
-    zeros = np.zeros(len(cs))
-    _, classes, _ = algorithm1([c.target_s for c in cs], latency, zeros, zeros, alpha=alpha)
-    return int((classes == Cls.S).sum())
+    return int((classify([c.target_s for c in cs], latency, alpha) == Cls.S).sum())
 
 
 @dataclass(frozen=True)
@@ -116,7 +114,7 @@ def matched_curves(curves: dict[str, Curve], default: Run) -> dict[str, Curve]:
                        for c, x in zip(node.containers, even, strict=True)
                        if c.model == model]
         c = curves[model]
-        matched[model] = Curve(c.solo_s * float(np.nanmedian(ratios)), c.cores, c.factors)
+        matched[model] = Curve(c.solo_s * float(np.nanmedian(ratios)))
     return matched
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dqoes_cg.cgroup import find_cgroup2_mount
-from dqoes_cg.testbed import Observer, Testbed
+from dqoes_cg.testbed import Observer, Testbed, cap_cpus, remove_tree
 
 from .scenarios import Scenario
 from .sim import Curve, Node, Params, Windows
@@ -58,8 +58,8 @@ def calibrate(models: tuple[str, ...], workdir: Path, seconds: float) -> dict[st
             bed.release(m)
             latency = []
             for cores in CALIBRATION_CORES:
-                _set_cpu_max(bed.root / m, cores)
-                _set_cpu_max(ballast, cpus - cores)
+                cap_cpus(bed.root / m, cores)
+                cap_cpus(ballast, cpus - cores)
                 time.sleep(1.0)  # let the previous quota's requests drain
                 observer.window()
                 time.sleep(seconds)
@@ -73,10 +73,6 @@ def calibrate(models: tuple[str, ...], workdir: Path, seconds: float) -> dict[st
     return curves
 
 
-def _set_cpu_max(cgroup: Path, cores: float) -> None:
-    (cgroup / "cpu.max").write_text(f"{round(cores * 100_000)} 100000")
-
-
 def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: Path,
         window: float) -> Run:
     """One run on the kernel: with dqoesd (`params`) or on the default platform (None)."""
@@ -85,13 +81,13 @@ def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: P
     multi = len(nodes) > 1
     with ExitStack() as stack:
         if multi:  # removed last, once the nodes' subtrees are gone
-            stack.callback(_rmdir, find_cgroup2_mount() / root)
+            stack.callback(remove_tree, find_cgroup2_mount() / root)
         beds = []
         for k, node in enumerate(nodes):
             subtree = f"{root}/node{k + 1}" if multi else root
             bed = stack.enter_context(Testbed(subtree, workdir / f"node{k + 1}", node.cpus))
             if multi:
-                bed.limit_subtree(node.cpus)
+                cap_cpus(bed.root, node.cpus)
             if params:
                 bed.start_daemon(*daemon_args(params))
             for i, c in enumerate(node.containers):
@@ -127,10 +123,3 @@ def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: P
                for node_rows in rows]
     return Run.from_windows(scenario.key, "dqoes" if params else "default", "real",
                             asdict(params) if params else {}, nodes, windows)
-
-
-def _rmdir(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass

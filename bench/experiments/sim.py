@@ -7,8 +7,9 @@ The model
 - CPU: over each tick a running container gets min(its cap, its demand, its water-filling
   fair share): CFS shares the CPUs evenly among runnable containers, and what the capped
   ones leave is shared by the others (work-conserving).
-- Latency: a request at a steady share of c CPUs takes its model's curve, solo/c times a
-  correction measured on the real kernel at a few quotas (calibrate.py; 1 where none was).
+- Latency: a request at a steady share of c CPUs takes its model's curve: solo/c (the
+  experiments give it no correction: the factors that real.calibrate measures at a few
+  quotas go to the calibration table and plot, see summary.md).
 - Measurement: a window's mean latency is its length over the requests completed in it
   (the request-weighted mean of a piecewise-constant rate), NaN when fewer than one did.
 

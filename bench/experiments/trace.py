@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dqoes_cg.policy import Cls, algorithm1
+from dqoes_cg.policy import Cls, classify
 
 from .sim import Container, Node, Windows
 
@@ -56,11 +56,8 @@ class Run:
 
     def classes(self, alpha: float = 0.10) -> np.ndarray:
         """(T, n) Cls codes of each window, as the policy classifies (IDLE: no request)."""
-        out = np.zeros(self.latency_s.shape, np.int8)
-        zeros = np.zeros(len(self.targets))
-        for k, latency in enumerate(self.latency_s):
-            _, out[k], _ = algorithm1(self.targets, latency, zeros, zeros, alpha=alpha)
-        return out
+        return np.array([classify(self.targets, latency, alpha)
+                         for latency in self.latency_s], np.int8).reshape(self.latency_s.shape)
 
     def satisfied(self, alpha: float = 0.10) -> np.ndarray:
         """(T,) how many containers are in S."""

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dqoes_cg.cgroup import resolve
 from dqoes_cg.control import request
+from dqoes_cg.fleet import parse_cpu_max
 
 from .systemd_guest import ARTIFACTS_ENV, GUEST_DIR, REPO
 
@@ -34,10 +36,10 @@ DROP_IN = Path("/run/systemd/system/dqoesd.service.d/e2e.conf")
 _USEC = {"us": 1, "ms": 1_000, "s": 1_000_000, "min": 60_000_000}
 
 
-def sh(*argv: str | Path, timeout: float = 180, env: dict[str, str] | None = None) -> str:
+def sh(*argv: str | Path, timeout: float = 180) -> str:
     """Run a command; its stdout. A failure raises with what it printed."""
     result = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
-                            timeout=timeout, env=env)
+                            timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{' '.join(map(str, argv))} exited {result.returncode}:\n"
                              f"{result.stdout}{result.stderr}")
@@ -162,9 +164,7 @@ class Docker:
 
 
 def cgroup_of(pid: int) -> Path:
-    line = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-                if x.startswith("0::"))
-    return CGROUP / line[3:].lstrip("/")
+    return resolve(str(pid), CGROUP).path
 
 
 def start_scope(unit: str, infer: Path, units: int) -> subprocess.Popen[bytes]:
@@ -178,5 +178,4 @@ def start_scope(unit: str, infer: Path, units: int) -> subprocess.Popen[bytes]:
 
 def cpu_max(cgroup: Path) -> tuple[int, int]:
     """(quota, period) of a cgroup's cpu.max; quota -1 for "max"."""
-    quota, period = (cgroup / "cpu.max").read_text().split()
-    return (-1 if quota == "max" else int(quota)), int(period)
+    return parse_cpu_max((cgroup / "cpu.max").read_text())
