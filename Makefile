@@ -6,20 +6,20 @@ PREFIX ?= /usr/local
 
 # System packages for the real-kernel guest, then the package itself (editable) with its extras.
 deps:
-	bash tests/guest/install-deps
+	bash lab/guest/install-deps
 	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 
 # The demo runs here if this host has cgroup v2 with the cpu controller, else in a qemu guest
-# with a real kernel (tests/guest), which may write only to DEMO_OUT.
+# with a real kernel (lab/guest), which may write only to DEMO_OUT.
 DEMO_OUT ?= demo-output
 demo: deps
 	@mkdir -p $(DEMO_OUT)
 	@redraw=$$([ -t 1 ] && echo --redraw); \
-	if $(PYTHON) -c 'from tests.guest.cgroups import cgroup2_cpu_mount as m; exit(m() is None)'; then \
-		$(PYTHON) -m dqoes_cg.demo --out $(DEMO_OUT) $$redraw; \
+	if $(PYTHON) -c 'from lab.cgroups import cgroup2_cpu_mount as m; exit(m() is None)'; then \
+		$(PYTHON) -m lab.demo --out $(DEMO_OUT) $$redraw; \
 	else \
 		echo "This host has no cgroup v2 cpu controller: the demo runs in a qemu guest (real Linux kernel, emulated CPUs; booting takes a few seconds)."; \
-		$(PYTHON) -m tests.guest --writable $(DEMO_OUT) -- $(PYTHON) -m dqoes_cg.demo --out $(DEMO_OUT) $$redraw; \
+		$(PYTHON) -m lab.guest --writable $(DEMO_OUT) -- $(PYTHON) -m lab.demo --out $(DEMO_OUT) $$redraw; \
 	fi
 
 test: deps

@@ -5,7 +5,7 @@
 Parts: "host" is what runs on this machine's CPU: the ring and the policy, and the kernel
 parts (sampling, applying, whole tick, daemon) over a fake cgroupfs tree on tmpfs. "kernel"
 is those kernel parts on a real cgroup v2 hierarchy with the cpu controller: on this host if
-it has one, else inside a qemu guest (`python3 -m tests.guest`), which runs `python3 -m
+it has one, else inside a qemu guest (`python3 -m lab.guest`), which runs `python3 -m
 bench --part kernel --json FILE` with FILE in a host directory it may write to. The report
 goes to DIR (default bench/results): results.json, REPORT.md, tick_cost.png.
 """
@@ -30,7 +30,7 @@ from bench import applying, daemon_overhead, policy_loop, report, ring_bench, sa
 from bench.cgroups import FDS_PER_CGROUP, Cgroups
 from bench.report import Results
 from bench.timing import FAKE, HOST, NotMeasured, format_table
-from tests.guest.cgroups import cgroup2_cpu_mount
+from lab.cgroups import cgroup2_cpu_mount
 
 ROOT = Path(__file__).resolve().parents[1]
 GUEST_TIMEOUT_S = 3600.0
@@ -104,11 +104,11 @@ def host_parts(sizes: Sizes, quick: bool) -> Results:
 
 
 def kernel_in_guest(quick: bool) -> Results:
-    """The kernel parts in a qemu guest (tests/guest), which writes its results into a
+    """The kernel parts in a qemu guest (lab/guest), which writes its results into a
     host directory shared writable with it; its output streams to ours."""
     with tempfile.TemporaryDirectory(prefix="dqoes-bench-guest-") as shared:
         out = Path(shared) / "kernel.json"
-        command = [sys.executable, "-m", "tests.guest", "--memory", str(GUEST_MEMORY_MIB),
+        command = [sys.executable, "-m", "lab.guest", "--memory", str(GUEST_MEMORY_MIB),
                    "--timeout", str(GUEST_TIMEOUT_S), "--writable", shared, "--",
                    sys.executable, "-m", "bench", "--part", "kernel", "--json", str(out),
                    *(["--quick"] if quick else [])]
@@ -127,7 +127,7 @@ def kernel_where(no_guest: bool) -> tuple[str, Path | None, str]:
     why = "this host has no cgroup v2 hierarchy with the cpu controller"
     if no_guest:
         return "nowhere", None, f"{why}, and --no-guest"
-    from tests.guest.prereqs import missing_guest_packages
+    from lab.guest.prereqs import missing_guest_packages
 
     missing = missing_guest_packages()
     if missing:

@@ -2,7 +2,7 @@
 
 `Cgroups(n, mount)` makes n sibling cgroups under a fresh parent: on a real cgroup v2 mount
 with the cpu controller, or (mount None) as a fake tree of plain files on tmpfs shaped like
-cgroupfs (tests/fakecg.py), which runs the same code paths on the host's CPU but not the
+cgroupfs (lab/fakecg.py), which runs the same code paths on the host's CPU but not the
 kernel's cgroup handlers. The first IDLE_PROCESSES cgroups get one sleeping process each,
 so that the psutil baseline has processes to look at.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.timing import FAKE, kernel_place
-from tests.fakecg import make_cgroup
-from tests.guest.cgroups import remove_cgroup_tree
+from lab.cgroups import remove_cgroup_tree
+from lab.fakecg import make_cgroup
 
 IDLE_PROCESSES = 1000
 FDS_PER_CGROUP = 2

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from bench.timing import HOST, Row, format_table, measure
-from dqoes_cg.policy import T_R, Cls, DQoES, Listener, Observation, Round, algorithm1
+from dqoes_cg.policy import T_R, Cls, Observation
+from dqoes_cg.policy.dqoes import DQoES, Listener, Round, algorithm1
 
 PART = "policy"
 OURS = "vectorized: DQoES.decide (Algorithms 1 + 2, numpy)"
@@ -50,7 +51,7 @@ def algorithm1_loop(
             classes.append(Cls.S)
             satisfied += 1
 
-    used = sum(r for r, c in zip(usage, classes, strict=True) if c != Cls.IDLE)
+    used = sum(r for r in usage if math.isfinite(r))  # idle containers hold CPU too
     idle = max(T_R - used, 0.0) if q_g == 0.0 else 0.0
     limits = list(limit)
     for i in range(n):

@@ -245,12 +245,6 @@ class Controller:
     def _decide(self, now: float) -> None:
         f = self.fleet
         f.observe_window(now)
-        # A container's first round: start from its usage share (the limit that binds).
-        np.isnan(f.limit, out=f.unset)
-        np.isfinite(f.measured, out=f._mask)
-        np.logical_and(f.unset, f._mask, out=f.unset)
-        if f.unset.any():
-            f.limit[f.unset] = self.policy.initial_limits(f.usage)[f.unset]
         decision = self.policy.decide(f.obs, now)
         if decision is None:
             return

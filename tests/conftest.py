@@ -1,4 +1,4 @@
-"""Shared fixtures, and the routing of `kernel` tests (see tests/guest/README.md):
+"""Shared fixtures, and the routing of `kernel` tests (see lab/guest/README.md):
 on this host if it has cgroup v2 with the cpu controller, else in a qemu guest booted once
 per session, else skipped with the reason."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.guest.cgroups import cgroup2_cpu_mount, make_test_cgroup, remove_cgroup_tree
-from tests.guest.report import RESULTS_ENV, ResultWriter
-from tests.guest.routing import Route, route_items
-from tests.guest.systemd_guest import route_systemd_items
+from lab.cgroups import cgroup2_cpu_mount, make_test_cgroup, remove_cgroup_tree
+from lab.guest.report import RESULTS_ENV, ResultWriter
+from lab.guest.routing import Route, route_items
+from lab.guest.systemd_guest import route_systemd_items
 
 _route_key = pytest.StashKey[Route | None]()
 _systemd_route_key = pytest.StashKey[Route | None]()

@@ -22,7 +22,7 @@ from dqoes_cg.cgroup import (
     require_cpu_controller,
     resolve,
 )
-from tests.fakecg import MOUNTINFO_HYBRID, MOUNTINFO_V1, MOUNTINFO_V2, make_cgroup
+from lab.fakecg import MOUNTINFO_HYBRID, MOUNTINFO_V1, MOUNTINFO_V2, make_cgroup
 
 ID_A = "a1" + "0" * 62
 ID_B = "a2" + "1" * 62

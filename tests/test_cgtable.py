@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dqoes_cg import cgtable
 from dqoes_cg.cgtable import LEAVE_ALONE, PERIOD_UNKNOWN, CgroupTable, Status
-from tests.fakecg import CPU_STAT, make_cgroup, write
+from lab.fakecg import CPU_STAT, make_cgroup, write
 
 U64_MAX = 2**64 - 1
 

@@ -23,7 +23,7 @@ import pytest
 
 from dqoes_cg import ctl
 from dqoes_cg.ctl import format_duration, parse_duration
-from tests.fakecg import make_cgroup
+from lab.fakecg import make_cgroup
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -21,8 +21,8 @@ from typing import TypeVar
 import pytest
 
 from dqoes_cg import testbed
-from dqoes_cg.testbed import solo_latency
-from tests.guest.e2e import wait_for
+from lab.guest.e2e import wait_for
+from lab.testbed import solo_latency
 
 pytestmark = pytest.mark.kernel
 

@@ -1,4 +1,4 @@
-"""`python3 -m dqoes_cg.demo` on a real cgroup v2 kernel, shortened: it completes and writes
+"""`python3 -m lab.demo` on a real cgroup v2 kernel, shortened: it completes and writes
 its summary and plot (how many targets it meets on a noisy emulated CPU is not asserted)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.kernel
 def test_demo_runs_and_writes_summary_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "dqoes_cg.demo", "--out", str(out), "--duration", "12",
+        [sys.executable, "-m", "lab.demo", "--out", str(out), "--duration", "12",
          "--no-redraw"], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "CONTAINER" in done.stdout  # the dqoesctl status table

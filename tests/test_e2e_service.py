@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from dqoes_cg.ctl import format_status
-from tests.guest.e2e import (
+from lab.guest.e2e import (
     CGROUP,
     DOCKER,
     RUN_DIR,

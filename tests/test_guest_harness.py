@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.guest.elf import ELF_MAGIC, has_pvh_note
-from tests.guest.initramfs import module_load_order
-from tests.guest.kernel import find_kernel, vmlinux_path
+from lab.guest.elf import ELF_MAGIC, has_pvh_note
+from lab.guest.initramfs import module_load_order
+from lab.guest.kernel import find_kernel, vmlinux_path
 
 
 def _cpu_stat(cgroup: Path) -> dict[str, int]:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dqoes_cg.metrics import MetricsServer, parse_listen, render
-from tests.fakecg import make_cgroup
+from lab.fakecg import make_cgroup
 
 PROMTOOL = shutil.which("promtool")
 
@@ -73,7 +73,7 @@ def test_render_per_container_and_per_host() -> None:
 
 def _promtool_check(text: str) -> None:
     if PROMTOOL is None:
-        pytest.skip("promtool missing: install Debian's prometheus (tests/guest/install-deps)")
+        pytest.skip("promtool missing: install Debian's prometheus (lab/guest/install-deps)")
     result = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(),
                             capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()

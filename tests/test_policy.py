@@ -12,11 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.policy_loop import algorithm1_loop, compare
-from dqoes_cg.policy import (
-    Cls,
+from dqoes_cg.policy import Cls, Observation
+from dqoes_cg.policy.dqoes import (
     DQoES,
     Listener,
-    Observation,
     Round,
     Workspace,
     algorithm1,
@@ -355,11 +354,18 @@ def test_decide_allocates_no_arrays():
     assert peak - base < 16_000
 
 
-def test_initial_limits():
+def test_first_limits_are_the_policys():
+    """A limit the loop never set (NaN) becomes max(usage share, even share), at most T_R,
+    for a container that measured something; one that measured nothing is left alone."""
     pol = DQoES()
-    pol.resize(4)
-    got = pol.initial_limits(np.array([0.1, 0.4, NAN, 1.3]))
-    assert got.tolist() == [0.25, 0.4, 0.25, 1.0]  # even share, usage, unknown, capped
+    pol.resize(5)
+    target = np.full(5, 1.0)
+    measured = np.array([1.0, 1.0, 1.0, 1.0, NAN])  # all in S but the last (idle)
+    obs = Observation(target, measured, np.array([0.1, 0.4, NAN, 1.3, 0.3]), np.full(5, NAN))
+    d = pol.decide(obs, now=0.0)
+    assert d is not None
+    assert d.limits[:4].tolist() == [0.2, 0.4, 0.2, 1.0]  # even, usage, unknown: even, cap
+    assert np.isnan(d.limits[4])  # measured nothing: left alone
 
 
 @pytest.mark.parametrize(("alpha", "beta"), [(-0.1, 0.1), (0.1, 0.0), (0.1, 1.5),
@@ -389,10 +395,10 @@ def run_fluid(targets: list[float], rounds: int) -> tuple[list[list[int]], np.nd
     pol = DQoES()
     pol.resize(len(targets))
     target = np.array(targets)
-    limits = pol.initial_limits(fair_share(np.ones(len(targets))))
+    limits = np.full(len(targets), NAN)  # the policy sets the first limits
     history = []
     for k in range(rounds):
-        usage = fair_share(limits)
+        usage = fair_share(np.nan_to_num(limits, nan=1.0))
         obs = Observation(target, WORK / usage, usage, limits)
         pol.reset()  # one round per step: the listener's timing is not modelled here
         d = pol.decide(obs, now=float(k))

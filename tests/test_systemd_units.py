@@ -18,7 +18,7 @@ from dqoes_cg.control import Peer
 from dqoes_cg.controller import Config, Controller
 from dqoes_cg.policy import Decision, Observation
 from dqoes_cg.systemd_units import USEC_INFINITY, UnitLimiter, quota_message
-from tests.fakecg import make_cgroup, write
+from lab.fakecg import make_cgroup, write
 
 ROOT = Peer(pid=1, uid=0, gid=0)
 
@@ -126,9 +126,6 @@ class FixedPolicy:
 
     def reset(self) -> None:
         pass
-
-    def initial_limits(self, usage: np.ndarray) -> np.ndarray:
-        return self.limits.copy()
 
     def due(self, now: float) -> bool:
         return True

@@ -4,7 +4,7 @@ with their plots and a summary.
     python -m bench.experiments [--sim-only] [--quick] [--out DIR]
 
 1. Real runs on a cgroup v2 kernel with the cpu controller: this host if it has one, else a
-   qemu guest booted for them (tests.guest, DIR shared writable). The worker types are
+   qemu guest booted for them (lab.guest, DIR shared writable). The worker types are
    calibrated first (latency alone and at a few quotas), then every scaled-down scenario
    (real_scenarios) runs with dqoesd and on the default platform.
 2. The simulator, calibrated by 1: the same small scenarios (its validation against the
@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tests.guest.cgroups import cgroup2_cpu_mount
+from lab.cgroups import cgroup2_cpu_mount
 
 from .analysis import matched_curves, scatter, settled_latency
 from .progress import Progress
@@ -86,7 +86,7 @@ def real_part_somewhere(out: Path, quick: bool) -> int:
         return 0
     print("no cgroup v2 cpu controller on this host: the real runs go to a qemu guest",
           file=sys.stderr)
-    cmd = [sys.executable, "-m", "tests.guest", "--writable", str(out), "--timeout",
+    cmd = [sys.executable, "-m", "lab.guest", "--writable", str(out), "--timeout",
            str(GUEST_TIMEOUT_S), "--", sys.executable, "-m", "bench.experiments",
            "--real-part", "--out", str(out)] + ["--quick"] * quick
     return subprocess.run(cmd, cwd=ROOT, check=False).returncode

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dqoes_cg.cgroup import find_cgroup2_mount
-from dqoes_cg.testbed import Observer, Testbed, cap_cpus, remove_tree
+from lab.testbed import Observer, Testbed, cap_cpus, remove_tree
 
 from .scenarios import Scenario
 from .sim import Curve, Node, Params, Windows

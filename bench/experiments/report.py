@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from dqoes_cg.demo import draw_latency
+from lab.demo import draw_latency
 
 from .analysis import Agreement, agreement, default_satisfied, oracle, outcome
 from .scenarios import PAPER_PARAMS, REAL_PARAMS, Scenario

@@ -28,7 +28,7 @@ VARIED_EVEN_LATENCY_S = 40.0  # see above
 PAPER_SIM_DURATION_S = 3000.0
 RANDOM_RATIOS = (min(PAPER_VARIED_S) / VARIED_EVEN_LATENCY_S,
                  max(PAPER_VARIED_S) / VARIED_EVEN_LATENCY_S)
-MODELS = ("tiny", "mini", "lite")  # the worker types (dqoes_cg.workload) of the experiments
+MODELS = ("tiny", "mini", "lite")  # the worker types (lab.workload) of the experiments
 
 # The paper's parameters (alpha, beta, IV_initial) with the daemon's default ceiling of the
 # listener's interval (the paper gives none): dqoesd's defaults.

@@ -16,7 +16,7 @@ The model
 The daemon is dqoes_cg.controller's loop on the simulated clock: a tick every sample
 interval; a container joins when its target is set (the policy is resized, hence reset and
 due at the next tick); a decision window runs from one decision to the next; a container's
-first limit comes from `policy.initial_limits` (its usage share); the policy is
+first limit is the policy's (from its usage share); the policy is
 dqoes_cg.policy.DQoES itself. Limits become caps of L x cpus CPUs (cpu.max rounds them to
 1 us of a 100 ms period, which the model ignores).
 """
@@ -152,10 +152,8 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
             if noise:
                 measured *= rng.lognormal(0.0, noise, len(idx))
             usage = win_cpu[idx] / (span * node.cpus)
-            lim = limit[idx]
-            unset = np.isnan(lim) & np.isfinite(measured)
-            lim[unset] = policy.initial_limits(usage)[unset]
-            decision = policy.decide(Observation(target[idx], measured, usage, lim), now)
+            decision = policy.decide(Observation(target[idx], measured, usage, limit[idx]),
+                                     now)
             assert decision is not None  # it was due
             limit[idx] = decision.limits
             win_start[idx], win_cpu[idx], win_req[idx] = now, 0.0, 0.0

@@ -1,5 +1,5 @@
 """What this host lacks to boot the guest, named by the Debian packages that provide it
-(tests/guest/install-deps installs them)."""
+(lab/guest/install-deps installs them)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from pytest import Mark
 
-from .cgroups import cgroup2_cpu_mount
+from lab.cgroups import cgroup2_cpu_mount
+
 from .prereqs import missing_guest_packages
 from .report import RESULTS_ENV
 from .vm import POLL_INTERVAL, FileTail, Guest, GuestConfig, GuestError
@@ -53,7 +54,7 @@ def choose_route() -> Route:
         return Route(
             "skip",
             f"{why}, and no test guest: missing Debian packages {' '.join(missing)} "
-            "(run tests/guest/install-deps)",
+            "(run lab/guest/install-deps)",
         )
     return Route("guest", why)
 

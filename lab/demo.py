@@ -1,8 +1,8 @@
 """The demo: dqoesd meeting as many latency targets as the CPUs allow.
 
-    python3 -m dqoes_cg.demo [--out DIR] [--duration S]
+    python3 -m lab.demo [--out DIR] [--duration S]
 
-On a private cgroup subtree it starts four inference workers (dqoes_cg.workload) and a
+On a private cgroup subtree it starts four inference workers (lab.workload) and a
 dqoesd. For the first seconds no worker has a target: the default platform, where CFS gives
 each an even share; the demo measures each one's latency there. Then each gets a target
 relative to that latency: two looser (they can give CPU away), one tighter (it needs
@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from .cgroup import CgroupError
-from .ctl import format_duration, format_status
-from .policy import Cls, classify
-from .testbed import Observer, Testbed
+from dqoes_cg.cgroup import CgroupError
+from dqoes_cg.ctl import format_duration, format_status
+from dqoes_cg.policy import Cls, classify
+from lab.testbed import Observer, Testbed
 
 DAEMON_ARGS = ("--sample-interval", "0.5", "--interval", "4", "--max-interval", "8",
                "--beta", "0.3")
@@ -75,7 +75,7 @@ class History:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m dqoes_cg.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m lab.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("demo-output"))
     p.add_argument("--duration", type=float, default=90.0,

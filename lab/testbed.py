@@ -1,5 +1,5 @@
 """A private testbed on a real cgroup v2 host: a cgroup subtree of its own, a dqoesd
-managing it, and inference workers (dqoes_cg.workload) in their own cgroups, each recording
+managing it, and inference workers (lab.workload) in their own cgroups, each recording
 into the ring the daemon made for it. The demo, the real-kernel tests and the experiments
 all run on it.
 
@@ -28,12 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from .cgroup import find_cgroup2_mount
-from .cgtable import MAX_QUOTA, CgroupTable
-from .control import DaemonUnavailable, request
-from .controller import ring_dir_name
-from .fleet import PERIOD_USEC, format_cpu_max
-from .ring import RingSet, ring_path
+from dqoes_cg.cgroup import find_cgroup2_mount
+from dqoes_cg.cgtable import MAX_QUOTA, CgroupTable
+from dqoes_cg.control import DaemonUnavailable, request
+from dqoes_cg.controller import ring_dir_name
+from dqoes_cg.fleet import PERIOD_USEC, format_cpu_max
+from dqoes_cg.ring import RingSet, ring_path
+from lab import REPO
 
 CONTROLLERS = "+cpu"
 
@@ -84,7 +85,7 @@ class Testbed:
         if self.cpus is not None:
             cmd += ["--cpus", str(self.cpus)]
         log = open(self.daemon_log, "ab")  # noqa: SIM115 (the child keeps it)
-        self.daemon = subprocess.Popen(cmd, stdout=log, stderr=log)
+        self.daemon = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=REPO)
         log.close()
         deadline = time.monotonic() + 120
         while True:
@@ -132,8 +133,8 @@ class Testbed:
             with open(procs, "w") as f:
                 f.write("0")
 
-        cmd = [sys.executable, "-m", "dqoes_cg.workload", "--model", model, "--seed", str(seed)]
-        proc = subprocess.Popen(cmd + ["--hold"] * hold, env=env, preexec_fn=enter_cgroup,
+        cmd = [sys.executable, "-m", "lab.workload", "--model", model, "--seed", str(seed)]
+        proc = subprocess.Popen(cmd + ["--hold"] * hold, env=env, preexec_fn=enter_cgroup, cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         worker = Worker(target_name, cgroup, model, proc)
         self.workers[name] = worker
@@ -221,7 +222,7 @@ class Observer:
 
 def solo_latency(model: str, seconds: float = 2.0) -> float:
     """Mean latency of one request of `model` alone on an idle machine (in this process)."""
-    from .workload import build_model
+    from lab.workload import build_model
 
     infer = build_model(model)
     infer()

@@ -69,7 +69,7 @@ def choose_systemd_route() -> Route:
     missing = missing_systemd_guest_packages()
     if missing:
         return Route("skip", f"no systemd test guest: missing Debian packages "
-                             f"{' '.join(missing)} (run tests/guest/install-deps)")
+                             f"{' '.join(missing)} (run lab/guest/install-deps)")
     return Route("guest", "they need systemd as PID 1 and Docker's engine")
 
 

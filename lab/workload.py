@@ -6,7 +6,7 @@ batch through a small convolutional network in numpy (random weights; the cost i
 matters), and its latency goes into the container's ring through dqoes_cg.probe. Model types
 of different cost stand in for the paper's VGG-16, ResNet-50, Inception...
 
-    python -m dqoes_cg.workload --model small [--ring PATH] [--duration SECONDS] [--hold]
+    python -m lab.workload --model small [--ring PATH] [--duration SECONDS] [--hold]
 
 With --hold the worker loads its model, runs one request unrecorded (the warm-up) and stops
 itself (SIGSTOP) before serving: a testbed starts its workers ahead (a Python start and the
@@ -31,7 +31,7 @@ from dataclasses import dataclass  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from .probe import Probe  # noqa: E402
+from dqoes_cg.probe import Probe  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def serve(infer: Callable[[], np.ndarray], probe: Probe, duration: float | None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dqoes_cg.workload", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m lab.workload", description=__doc__)
     p.add_argument("--model", choices=sorted(MODELS), default="small")
     p.add_argument("--ring", default=None, help="ring file (default: $DQOES_RING or the "
                    "probe's default path)")

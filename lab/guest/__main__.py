@@ -1,4 +1,4 @@
-"""python3 -m tests.guest [options] -- CMD ARGS...
+"""python3 -m lab.guest [options] -- CMD ARGS...
 
 Boot one throwaway cgroup v2 guest, run CMD in the current directory inside it with this
 environment, stream its output and exit with its status (125 if the guest failed, 124 if
@@ -17,7 +17,7 @@ from .vm import BUSYBOX_INIT, Guest, GuestConfig, GuestError, GuestTimeout, Shar
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m tests.guest", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m lab.guest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds CMD may run (default: no limit)")
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = missing_systemd_guest_packages() if args.systemd else missing_guest_packages()
     if missing:
         print(f"cannot boot the guest: missing Debian packages {' '.join(missing)} "
-              "(run tests/guest/install-deps)", file=sys.stderr)
+              "(run lab/guest/install-deps)", file=sys.stderr)
         return 125
 
     config = GuestConfig(init_mode=SYSTEMD_INIT if args.systemd else BUSYBOX_INIT,

@@ -1,11 +1,7 @@
-"""Policies: decide each container's CPU limit from what it measured. DQoES is the first.
+"""DQoES, the paper's policy (section IV): Algorithm 1 each round, Algorithm 2 to space them.
 
-The loop sees a policy only through `Policy`: it hands over an `Observation` (per-slot numpy
-arrays it owns) and gets back a `Decision` (per-slot arrays the policy owns), or None when the
-policy is not due. Slots are 0..n-1, as in the loop's tables; `resize(n)` follows a
-membership change. CPU limits and usages are fractions of the worker budget T_R (1.0 = every
-CPU the managed containers may use); limits are caps, so they may add up to more than 1.0
-and CFS shares out whatever the caps leave.
+Limits are caps, so they may add up to more than T_R and CFS shares out whatever the caps
+leave (the loop's interface: policy/base.py).
 
 DQoES (the paper's section IV), one round
 ------------------------------------------
@@ -16,7 +12,7 @@ window and L_i the current limit:
     G = {q_i > alpha·o_i}    S = {|q_i| <= alpha·o_i}    B = {q_i < -alpha·o_i}
     Q_G = Σ_G q_i > 0     Q_B = Σ_B q_i < 0      R_G = Σ_G r_i
 
-    I = max(T_R - Σ r_i, 0) if G is empty, else 0:   the CPU nobody used in the window
+    I = max(T_R - Σ_all r_i, 0) if G is empty, else 0:   the CPU nobody used in the window
 
     i in G:  L_i' = max(min(L_i, r_i) · (1 - (q_i/Q_G)·R_G·β),  1/(2n))
     i in B:  L_i' = min(L_i · (1 + (q_i/Q_B)·R_G·β) + (q_i/Q_B)·I,  T_R)
@@ -38,10 +34,12 @@ Readings taken where the paper is loose (see shared/papers/ALGORITHMS.md):
   no container is in G (G cut too far, or a load change) caps that add up to less than the
   budget stay put while CPUs idle and every container misses its target. B then takes what
   nobody used at once, shared like the gap. Where G is not empty, or the CPUs are busy, the
-  paper's rule is unchanged.
+  paper's rule is unchanged. Every container's usage counts as used, an idle one's too: a
+  busy container that finished no request in the window still holds its CPU.
 - A container without a usable measurement (no requests in the window, no target, or a
   non-finite value anywhere) is IDLE: no class, not in the sums, limit untouched.
-- A container joining starts at max(its usage share, the even share 1/n), capped at T_R: no
+- A container's first limit (the loop passes NaN for a limit it never set) is max(its usage
+  share, the even share 1/n), capped at T_R: no
   tighter than what it uses nor than the default platform would give it, and a finite cap
   that growth in B can act on (an unlimited one is already at the cap).
 - alpha is the tolerance band (alpha ≥ 0), β the step (0 < β ≤ 1); both default to 0.10.
@@ -57,91 +55,31 @@ A container joining or leaving, or a target changing, calls `reset()`: IV = IV_i
 series forgotten (it described other containers or targets), and the next round due at once.
 
 Hot path: `decide` writes into arrays preallocated by `resize` and allocates no arrays.
-
-A second policy (FlowCon, for training jobs) implements the same `Policy` members: its
-metric (the evaluation value E) arrives in `measured`, it keeps E's history itself, and it
-adds its lists to `Cls` and its own keys to `Decision.totals`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-Int8Array = npt.NDArray[np.int8]
-BoolArray = npt.NDArray[np.bool_]
-
-T_R = 1.0  # the worker budget, in the fraction units of limits and usages: the cap of any limit
-ALPHA, BETA = 0.10, 0.10  # the paper's tolerance band and step
-IV_INITIAL_S = 10.0  # the paper's initial listener interval
-# The listener's ceiling (the paper gives none). Rounds cost microseconds here, and each one
-# moves a limit by about (q_i/Q_G)·R_G·β, a percent or two: at 160 s the paper's varied
-# scenario is still far from converged after 3000 s, at 20 s it reaches 7 of the 8 possible
-# (bench/experiments, sensitivity table).
-IV_MAX_S = 20.0
-
-
-class Cls(IntEnum):
-    """Class codes of a container (int8 arrays), shared by policy, daemon and CLI."""
-
-    IDLE = 0  # no usable measurement in the window: no class, limit untouched
-    G = 1  # faster than its target by more than alpha·o
-    S = 2  # within alpha·o of its target: satisfied
-    B = 3  # slower than its target by more than alpha·o
-
-
-@dataclass(slots=True)
-class Observation:
-    """What the loop measured over the last window; float64 arrays of shape (n,), one slot a
-    container. The loop owns them and may refill them in place between calls."""
-
-    target: FloatArray  # the container's objective (DQoES: latency target, s; NaN: none)
-    measured: FloatArray  # its metric over the window (same unit; NaN: no requests)
-    usage: FloatArray  # CPU used over the window, fraction of T_R
-    limit: FloatArray  # current CPU limit, fraction of T_R
-
-
-@dataclass(slots=True)
-class Decision:
-    """One round's outcome. The policy owns the arrays; they stay valid until its next
-    `decide` or `resize`."""
-
-    limits: FloatArray  # new limit per slot, fraction of T_R
-    classes: Int8Array  # Cls code per slot
-    score: FloatArray  # what the classes come from (DQoES: q_i = o_i - p_i); not for IDLE
-    totals: dict[str, float] = field(default_factory=dict)  # per-round scalars, for status
-    interval: float = 0.0  # seconds until the policy is due again
-
-
-class Policy(Protocol):
-    """All the loop knows of a policy."""
-
-    name: str
-
-    def resize(self, n: int) -> None:
-        """Membership changed: n slots from now on. Implies `reset()`."""
-
-    def reset(self) -> None:
-        """A target changed (or membership did): run at the next `decide`, whatever the time."""
-
-    def initial_limits(self, usage: FloatArray) -> FloatArray:
-        """Limits for containers joining now (call after `resize`), from their usage share
-        over the last window (NaN: unknown)."""
-        ...
-
-    def due(self, now: float) -> bool:
-        """Whether `decide(obs, now)` would run a round (so the loop can skip the window)."""
-        ...
-
-    def decide(self, obs: Observation, now: float) -> Decision | None:
-        """Run a round if due at `now` (monotonic seconds); None if not due."""
-        ...
+from .base import (
+    ALPHA,
+    BETA,
+    IV_INITIAL_S,
+    IV_MAX_S,
+    T_R,
+    BoolArray,
+    Cls,
+    Decision,
+    FloatArray,
+    Int8Array,
+    Observation,
+    PolicyParams,
+)
 
 
 class Round(NamedTuple):
@@ -161,7 +99,9 @@ class Workspace:
     q: FloatArray
     x: FloatArray
     y: FloatArray
+    limit: FloatArray  # the limits in force, first limits filled in
     valid: BoolArray
+    used: BoolArray
     g: BoolArray
     s: BoolArray
     b: BoolArray
@@ -171,8 +111,8 @@ class Workspace:
         def flags() -> BoolArray:
             return np.zeros(n, dtype=bool)
 
-        return cls(q=np.zeros(n), x=np.zeros(n), y=np.zeros(n),
-                   valid=flags(), g=flags(), s=flags(), b=flags())
+        return cls(q=np.zeros(n), x=np.zeros(n), y=np.zeros(n), limit=np.zeros(n),
+                   valid=flags(), used=flags(), g=flags(), s=flags(), b=flags())
 
 
 def _masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
@@ -190,14 +130,14 @@ def algorithm1_into(
     """DQoES Algorithm 1 over n slots, written into limits_out, classes_out and ws.q (= q_i).
     All arrays have shape (n,); limits_out may be `limit` (each slot reads only its own
     limit, before writing it). Allocates no arrays."""
-    q, x, y, valid, g, s, b = ws.q, ws.x, ws.y, ws.valid, ws.g, ws.s, ws.b
+    q, x, y, valid, used, g, s, b = ws.q, ws.x, ws.y, ws.valid, ws.used, ws.g, ws.s, ws.b
     n = q.shape[0]
 
     # Classify. NaN compares false, so only the valid mask keeps idle slots out of G and B.
     np.subtract(target, measured, out=q)
     np.isfinite(q, out=valid)
-    np.isfinite(usage, out=s)
-    np.logical_and(valid, s, out=valid)
+    np.isfinite(usage, out=used)
+    np.logical_and(valid, used, out=valid)
     np.multiply(target, alpha, out=x)  # the tolerance alpha·o
     np.greater(q, x, out=g)
     np.logical_and(g, valid, out=g)
@@ -228,7 +168,7 @@ def algorithm1_into(
     if totals.q_b < 0.0:  # B is not empty
         # The factor 1 + (q_i/Q_B)·R_G·β is ≥ 1 (q_i and Q_B are both < 0); with no G, the
         # idle CPU is added by the same shares.
-        idle = T_R - _masked_sum(usage, valid, y) if totals.q_g == 0.0 else 0.0
+        idle = T_R - _masked_sum(usage, used, y) if totals.q_g == 0.0 else 0.0
         np.multiply(q, totals.r_g * beta / totals.q_b, out=y)
         np.add(y, 1.0, out=y)
         np.multiply(limit, y, out=y)
@@ -258,6 +198,21 @@ def classify(target: npt.ArrayLike, measured: npt.ArrayLike, alpha: float = ALPH
     reports and experiments, which have latencies but no limits to move."""
     zeros = np.zeros(np.shape(target))
     return algorithm1(target, measured, zeros, zeros, alpha=alpha)[1]
+
+
+def first_limits_into(obs: Observation, ws: Workspace) -> FloatArray:
+    """obs.limit with a first limit for each container the loop never limited that measured
+    something: max(its usage share, the even share), at most T_R. Written into ws.limit."""
+    limit, first = ws.limit, ws.valid
+    np.copyto(limit, obs.limit)
+    np.isnan(limit, out=first)
+    np.isfinite(obs.measured, out=ws.used)
+    np.logical_and(first, ws.used, out=first)
+    if first.any():  # rare: once per container
+        np.fmax(obs.usage, T_R / max(limit.shape[0], 1), out=ws.x)
+        np.minimum(ws.x, T_R, out=ws.x)
+        np.copyto(limit, ws.x, where=first)
+    return limit
 
 
 class Listener:
@@ -330,9 +285,9 @@ class DQoES:
     def reset(self) -> None:
         self.listener.reset()
 
-    def initial_limits(self, usage: FloatArray) -> FloatArray:
-        even = T_R / max(self._ws.q.shape[0], 1)
-        return np.minimum(np.fmax(usage, even), T_R)
+    @classmethod
+    def from_params(cls, params: PolicyParams) -> DQoES:
+        return cls(params.alpha, params.beta, params.iv_initial, params.iv_max)
 
     def due(self, now: float) -> bool:
         return self.listener.due(now)
@@ -345,7 +300,8 @@ class DQoES:
         for a in (obs.target, obs.measured, obs.usage, obs.limit):
             if a.shape != (n,):
                 raise ValueError(f"observation arrays must have shape ({n},), got {a.shape}")
-        totals = algorithm1_into(obs.target, obs.measured, obs.usage, obs.limit,
+        limit = first_limits_into(obs, self._ws)
+        totals = algorithm1_into(obs.target, obs.measured, obs.usage, limit,
                                  alpha=self.alpha, beta=self.beta, ws=self._ws,
                                  limits_out=d.limits, classes_out=d.classes)
         self.listener.observe(totals.q_g, totals.q_b, totals.satisfied)

@@ -1,0 +1,45 @@
+"""Policies: decide each container's CPU limit from what it measured, chosen by name.
+
+`POLICIES` maps each name (`dqoesd --policy NAME`) to a factory that builds the policy from
+the daemon's parameters; `DEFAULT_POLICY` names the daemon's default. The interface between
+the loop and a policy is in base.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .base import (
+    ALPHA,
+    BETA,
+    IV_INITIAL_S,
+    IV_MAX_S,
+    T_R,
+    Cls,
+    Decision,
+    FloatArray,
+    Int8Array,
+    Observation,
+    Policy,
+    PolicyParams,
+)
+from .dqoes import DQoES, classify
+
+POLICIES: dict[str, Callable[[PolicyParams], Policy]] = {
+    "dqoes": DQoES.from_params,
+}
+DEFAULT_POLICY = "dqoes"
+
+
+def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
+    """The policy called `name`, built with `params` (the daemon's defaults if None)."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})") from None
+    return factory(params or PolicyParams())
+
+
+__all__ = ["ALPHA", "BETA", "DEFAULT_POLICY", "IV_INITIAL_S", "IV_MAX_S", "POLICIES", "T_R",
+           "Cls", "DQoES", "Decision", "FloatArray", "Int8Array", "Observation", "Policy",
+           "PolicyParams", "classify", "make_policy"]
