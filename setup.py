@@ -1,20 +1,28 @@
 """Build dqoes-cg: the Python package and its cffi extension (dqoes_cg._native) from csrc/."""
 
-from setuptools import setup
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+VERSION = re.search(r'__version__ = "([^"]+)"',
+                    Path(__file__).with_name("dqoes_cg").joinpath("__init__.py").read_text())[1]
 
 setup(
     name="dqoes-cg",
-    version="0.1.0",
+    version=VERSION,
     description="Per-host QoE controller for containers on cgroup v2 (DQoES)",
-    packages=["dqoes_cg"],
+    packages=find_packages(include=["dqoes_cg", "dqoes_cg.*"]),
     python_requires=">=3.11",
     setup_requires=["cffi>=1.15"],
-    install_requires=["cffi>=1.15", "numpy>=1.24", "psutil>=5.9", "pyroute2>=0.7",
-                      "jeepney>=0.8"],
+    install_requires=["cffi>=1.15", "numpy>=1.24", "jeepney>=0.8"],
     extras_require={
-        # wheel: the end-to-end tests run `make install` offline (no build isolation)
-        "test": ["pytest>=7", "hypothesis>=6", "ruff", "wheel"],
-        "bench": ["matplotlib>=3.6"],
+        # wheel: the end-to-end tests run `make install` offline (no build isolation);
+        # clang-format: the C style check
+        "test": ["pytest>=7", "hypothesis>=6", "ruff", "wheel", "clang-format>=14"],
+        "bench": ["matplotlib>=3.6", "psutil>=5.9"],
+        # the lab (lab/): plots, and the multi-node testbed's network namespaces
+        "lab": ["matplotlib>=3.6", "pyroute2>=0.7"],
     },
     cffi_modules=["csrc/ffi_build.py:ffibuilder"],
     entry_points={

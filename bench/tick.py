@@ -29,9 +29,11 @@ from pathlib import Path
 
 from bench.cgroups import Cgroups, tmpfs_dir
 from bench.timing import Row, measure
-from dqoes_cg.controller import Config, Controller, ring_dir_name
+from dqoes_cg.config import Config
+from dqoes_cg.controller import Controller
+from dqoes_cg.policy import PolicyParams
 from dqoes_cg.probe import Probe
-from dqoes_cg.ring import ring_path
+from dqoes_cg.ring import ring_dir_name, ring_path
 from dqoes_cg.state import StateStore, Target
 
 PART = "tick"
@@ -52,7 +54,8 @@ def write_state(state_dir: Path, dirs: list[Path]) -> list[str]:
     """A state file binding one target per cgroup; the target names."""
     targets = {f"c{i:05d}": Target(f"c{i:05d}", TARGET_S, "p95", cgroup=str(d))
                for i, d in enumerate(dirs)}
-    StateStore(state_dir).save(targets)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    StateStore(state_dir).compact(targets)
     return list(targets)
 
 
@@ -82,7 +85,7 @@ def controller_for(dirs: list[Path], mount: Path) -> Iterator[tuple[Controller, 
         names = write_state(work / "state", dirs)
         cfg = Config(state_dir=work / "state", run_dir=work / "run", mount=mount,
                      cpus=float(os.cpu_count() or 1), ring_capacity=RING_CAPACITY,
-                     iv_initial=86400.0, iv_max=86400.0)
+                     params=PolicyParams(iv_initial=86400.0, iv_max=86400.0))
         controller = Controller(cfg)
         producers = Producers(cfg.run_dir, names)
         try:

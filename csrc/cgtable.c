@@ -94,9 +94,28 @@ dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n)
     if (!t)
         return NULL;
     t->n = n;
-    for (size_t i = 0; i < n; i++)
-        open_entry(&t->e[i], dirs[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (dirs[i])
+            open_entry(&t->e[i], dirs[i]);
+        else /* to be adopted from another table */
+            t->e[i] = (struct dq_cgentry){.stat_fd = -EBADF, .max_fd = -EBADF, .err = EBADF};
+    }
     return t;
+}
+
+int dq_cgtable_adopt(dq_cgtable *dst, size_t i, dq_cgtable *src, size_t j)
+{
+    if (i >= dst->n || j >= src->n)
+        return -1;
+    struct dq_cgentry *to = &dst->e[i], *from = &src->e[j];
+    if (to->stat_fd >= 0)
+        close(to->stat_fd);
+    if (to->max_fd >= 0)
+        close(to->max_fd);
+    *to = *from;
+    from->stat_fd = from->max_fd = -EBADF;
+    from->err = EBADF;
+    return 0;
 }
 
 void dq_cgtable_close(dq_cgtable *t)
@@ -267,8 +286,24 @@ static int write_cpu_max(int fd, int64_t quota, int64_t period)
     return n == len ? 0 : EIO;
 }
 
+/* Whether the entry's cpu.max still holds (quota, period): 1 if it does, 0 if it holds
+ * anything else (stored in *found_quota, *found_period), -1 if it cannot be read. */
+static int holds(struct dq_cgentry *e, int64_t quota, int64_t period, int64_t *found_quota,
+                 int64_t *found_period)
+{
+    char buf[MAX_BUF];
+    int64_t q, p;
+    ssize_t n = read_all(e->max_fd, buf, sizeof buf);
+    if (n < 0 || parse_cpu_max(buf, (size_t)n, &q, &p) != 0)
+        return -1;
+    *found_quota = q;
+    *found_period = p;
+    return q == quota && p == period;
+}
+
 size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t *period_usec,
-                        int64_t *last_quota_usec, int64_t *last_period_usec, int32_t *status)
+                        int64_t *last_quota_usec, int64_t *last_period_usec, int32_t *status,
+                        uint8_t *foreign, int64_t *found_quota_usec, int64_t *found_period_usec)
 {
     size_t written = 0;
 
@@ -280,16 +315,23 @@ size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t 
 
         if (period == 0) /* the caller leaves this cgroup's limit alone */
             continue;
-        if (e->max_fd < 0)
+        if (e->max_fd < 0) {
             err = -e->max_fd;
-        else if (period < 0)
+        } else if (period < 0) {
             err = EINVAL;
-        else if (quota == last_quota_usec[i] && period == last_period_usec[i])
+        } else if (quota == last_quota_usec[i] && period == last_period_usec[i]) {
             err = 0;
-        else if ((err = write_cpu_max(e->max_fd, quota, period)) == 0) {
-            last_quota_usec[i] = quota;
-            last_period_usec[i] = period;
-            written++;
+        } else {
+            /* Someone else's value in place of ours is a foreign write, even when ours is
+             * about to replace it: the reconcile would never see it. */
+            foreign[i] = last_period_usec[i] != 0 &&
+                         holds(e, last_quota_usec[i], last_period_usec[i], &found_quota_usec[i],
+                               &found_period_usec[i]) == 0;
+            if ((err = write_cpu_max(e->max_fd, quota, period)) == 0) {
+                last_quota_usec[i] = quota;
+                last_period_usec[i] = period;
+                written++;
+            }
         }
         status[i] = settle(e, err);
     }

@@ -20,10 +20,16 @@
 
 typedef struct dq_cgtable dq_cgtable;
 
-/* Opens the n directories. Returns NULL only when out of memory; an entry that failed to
- * open reports its status on every later operation. */
+/* Opens the n directories (a NULL one is left closed, for dq_cgtable_adopt). Returns NULL
+ * only when out of memory; an entry that failed to open reports its status on every later
+ * operation. */
 dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n);
 void dq_cgtable_close(dq_cgtable *t);
+
+/* Moves entry j of src (its open descriptors) to entry i of dst, closing what dst's entry
+ * held; src's entry is left closed (EBADF). For rebuilding a table without reopening the
+ * cgroups both tables share. Returns -1 for an index out of range. */
+int dq_cgtable_adopt(dq_cgtable *dst, size_t i, dq_cgtable *src, size_t j);
 
 /* Reads cpu.stat of every entry. Where status is OK the four counters are updated; other
  * entries keep their previous values. Returns the number of OK entries. */
@@ -33,9 +39,13 @@ size_t dq_cgtable_sample(dq_cgtable *t, uint64_t *usage_usec, uint64_t *throttle
 /* Writes "<quota> <period>" (quota < 0: "max <period>") to cpu.max where (quota, period)
  * differs from (last_quota, last_period), and records what was written there. A
  * last_period of 0 means "unknown" and forces the write. A requested period of 0 leaves
- * the entry alone (not written, status unchanged). Returns the number written. */
+ * the entry alone (not written, status unchanged). Before writing over a known last value,
+ * reads cpu.max: foreign[i] becomes 1 if it held something else (someone else wrote it; the
+ * value is stored in found_quota/found_period[i]), else 0; untouched for entries not
+ * written. Returns the number written. */
 size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t *period_usec,
-                        int64_t *last_quota_usec, int64_t *last_period_usec, int32_t *status);
+                        int64_t *last_quota_usec, int64_t *last_period_usec, int32_t *status,
+                        uint8_t *foreign, int64_t *found_quota_usec, int64_t *found_period_usec);
 
 /* Reads cpu.max of every entry: quota -1 stands for "max". Returns the number of OK entries. */
 size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_usec,

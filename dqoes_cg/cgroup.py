@@ -43,6 +43,10 @@ class CgroupError(Exception):
     """A one-line message saying what is wrong and, where possible, how to fix it."""
 
 
+class InvalidName(CgroupError):
+    """A name that can never name a cgroup here, whatever appears later."""
+
+
 class Kind(StrEnum):
     """How a name was resolved: its form, or the container layout it was found under."""
 
@@ -147,22 +151,29 @@ def _controllers(path: Path) -> set[str]:
         return set()
 
 
+def require_cpu_on_mount(mount: Path, mountinfo: Path = MOUNTINFO) -> None:
+    """Checks that the cgroup2 hierarchy at `mount` has the cpu controller (a v1/v2 hybrid
+    host binds it to v1), and says how to get it when it does not."""
+    if "cpu" in _controllers(mount / "cgroup.controllers"):
+        return
+    v1 = [e.mount_point for e in _read_mountinfo(mountinfo)
+          if e.fstype == "cgroup" and "cpu" in e.super_options]
+    where = f"; it is bound to the cgroup v1 hierarchy at {v1[0]}" if v1 else ""
+    raise CgroupError(
+        f"the cpu controller is not available on the cgroup2 mount {mount}{where}: boot "
+        "with systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all")
+
+
 def require_cpu_controller(cgroup: Path, mount: Path, mountinfo: Path = MOUNTINFO) -> None:
     """Checks that `cgroup` (under `mount`) gets the cpu controller from its parent, and
     says how to fix it when it does not."""
     if cgroup == mount:
-        raise CgroupError(f"{cgroup} is the root cgroup, which has no cpu.max; "
+        raise InvalidName(f"{cgroup} is the root cgroup, which has no cpu.max; "
                           "name a cgroup below it")
     parent = cgroup.parent
     if "cpu" in _controllers(parent / "cgroup.subtree_control"):
         return
-    if "cpu" not in _controllers(mount / "cgroup.controllers"):
-        v1 = [e.mount_point for e in _read_mountinfo(mountinfo)
-              if e.fstype == "cgroup" and "cpu" in e.super_options]
-        where = f"; it is bound to the cgroup v1 hierarchy at {v1[0]}" if v1 else ""
-        raise CgroupError(
-            f"the cpu controller is not available on the cgroup2 mount {mount}{where}: boot "
-            "with systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all")
+    require_cpu_on_mount(mount, mountinfo)
     try:
         rel = parent.relative_to(mount)
     except ValueError:
@@ -184,18 +195,42 @@ def resolve(name: str, mount: Path | None = None, *, proc: Path = PROC,
             docker_root: Path = DOCKER_ROOT, max_depth: int = MAX_DEPTH,
             max_cgroups: int = MAX_CGROUPS) -> Resolved:
     """Resolves `name` (see the module's docstring) to an existing cgroup directory."""
-    if not name or "\0" in name or len(name) > 4096:
-        raise CgroupError(f"{name[:64]!r} is not a cgroup, container, unit or PID name")
-    if mount is None:
-        mount = find_cgroup2_mount()
-    if "/" in name:
-        return _resolve_path(name, mount)
-    if name.isascii() and name.isdigit() and len(name) <= MAX_PID_DIGITS:
-        return _resolve_pid(name, mount, proc)
-    tree = _walk(mount, max_depth, max_cgroups)
-    if name.endswith(UNIT_SUFFIXES):
-        return _resolve_unit(name, mount, tree)
-    return _resolve_container(name, mount, tree, docker_root)
+    found = resolve_many([name], mount or find_cgroup2_mount(), proc=proc,
+                         docker_root=docker_root, max_depth=max_depth,
+                         max_cgroups=max_cgroups)[name]
+    if isinstance(found, CgroupError):
+        raise found
+    return found
+
+
+def resolve_many(names: list[str], mount: Path, *, proc: Path = PROC,
+                 docker_root: Path = DOCKER_ROOT, max_depth: int = MAX_DEPTH,
+                 max_cgroups: int = MAX_CGROUPS) -> dict[str, Resolved | CgroupError]:
+    """`resolve` for many names at once, with one walk of the cgroup tree for all those
+    that need one: each name's Resolved, or the CgroupError it would raise."""
+    found: dict[str, Resolved | CgroupError] = {}
+    tree: list[PurePosixPath] | CgroupError | None = None
+    for name in names:
+        try:
+            if not name or "\0" in name or len(name) > 4096 or name in (".", ".."):
+                raise InvalidName(f"{name[:64]!r} is not a cgroup, container, unit or PID name")
+            if "/" in name:
+                found[name] = _resolve_path(name, mount)
+            elif name.isascii() and name.isdigit() and len(name) <= MAX_PID_DIGITS:
+                found[name] = _resolve_pid(name, mount, proc)
+            else:
+                if tree is None:
+                    try:
+                        tree = _walk(mount, max_depth, max_cgroups)
+                    except CgroupError as e:
+                        tree = e
+                if isinstance(tree, CgroupError):
+                    raise tree
+                found[name] = (_resolve_unit(name, mount, tree) if name.endswith(UNIT_SUFFIXES)
+                               else _resolve_container(name, mount, tree, docker_root))
+        except CgroupError as e:
+            found[name] = e
+    return found
 
 
 def systemd_unit(rel: PurePosixPath) -> str | None:
@@ -213,7 +248,7 @@ def _cgroup_path(rel: PurePosixPath) -> str:
 
 def _require_cgroup(mount: Path, rel: PurePosixPath, what: str) -> Path:
     if ".." in rel.parts:
-        raise CgroupError(f"{what} lies outside the cgroup2 mount {mount}")
+        raise InvalidName(f"{what} lies outside the cgroup2 mount {mount}")
     path = mount / rel
     if path.is_symlink() or not (path / "cgroup.procs").is_file():
         raise CgroupError(f"{what}: no cgroup at {path}")

@@ -40,24 +40,34 @@ LEAVE_ALONE = 0
 """A requested period of 0 in `apply`: that slot's cpu.max is not touched."""
 
 DEFAULT_PERIOD_USEC = 100_000
+"""The kernel's default cpu.max period."""
 
 FDS_PER_CGROUP = 2
+FD_MARGIN = 64
 
 _CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
-           np.dtype(np.int32): "int32_t[]"}
+           np.dtype(np.int32): "int32_t[]", np.dtype(np.bool_): "uint8_t[]"}
 
 
-def _raise_fd_limit(needed: int) -> None:
-    """Lifts the soft RLIMIT_NOFILE towards the hard one when `needed` more fds won't fit.
-
-    The usual soft limit (1024) holds only about 500 cgroups at two descriptors each.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    in_use = len(os.listdir("/proc/self/fd"))
-    want = in_use + needed + 64
+def raise_fd_limit(needed: int, *, hard: bool = False) -> int:
+    """Makes room for `needed` more descriptors: lifts the soft RLIMIT_NOFILE towards the
+    hard one (the usual soft limit, 1024, holds about 500 cgroups at two descriptors each),
+    and with `hard` the hard one too, as far as this process may. Returns how many more
+    descriptors may be opened."""
+    in_use = len(os.listdir("/proc/self/fd")) + FD_MARGIN
+    want = in_use + needed
+    soft, ceiling = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard and ceiling != resource.RLIM_INFINITY and want > ceiling:
+        top = min(want, int(Path("/proc/sys/fs/nr_open").read_text()))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, top))
+        except (ValueError, OSError):  # not privileged: stay within the hard limit
+            pass
+        soft, ceiling = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and want > soft:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = want if ceiling == resource.RLIM_INFINITY else min(want, ceiling)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, ceiling))
+    return soft - in_use
 
 
 class _Array:
@@ -91,34 +101,51 @@ class CgroupTable:
     nr_periods = _Array(np.uint64)
     nr_throttled = _Array(np.uint64)
     status = _Array(np.int32, Status.ERROR)
-    # apply(): the request, what this table last wrote (quota -1: max), the Status
+    # apply(): the request, what this table last wrote (quota -1: max), the Status, and
+    # whether a slot written held someone else's value instead of our last one
     quota_usec = _Array(np.int64, MAX_QUOTA)
     period_usec = _Array(np.int64, DEFAULT_PERIOD_USEC)
     last_quota_usec = _Array(np.int64, MAX_QUOTA)
     last_period_usec = _Array(np.int64, PERIOD_UNKNOWN)
     apply_status = _Array(np.int32, Status.ERROR)
+    foreign = _Array(np.bool_, False)
     # read_back(): cpu.max as found, the Status, and slots that differ from the last write
     max_quota_usec = _Array(np.int64, MAX_QUOTA)
     max_period_usec = _Array(np.int64)
     read_back_status = _Array(np.int32, Status.ERROR)
     drifted = _Array(np.bool_, False)
 
-    def __init__(self, dirs: Sequence[str | os.PathLike[str]]) -> None:
+    def __init__(self, dirs: Sequence[str | os.PathLike[str]],
+                 adopt: CgroupTable | None = None) -> None:
+        """Opens every cgroup of `dirs`; those that `adopt` (a table about to be closed)
+        holds open are taken over from it instead of opened again, and their arrays
+        copied."""
         self.dirs: tuple[Path, ...] = tuple(Path(d) for d in dirs)
         n = len(self.dirs)
         specs = [a for a in vars(CgroupTable).values() if isinstance(a, _Array)]
         self._arrays = {a.name: np.full(n, a.fill, a.dtype) for a in specs}
         self._ptr = {a.name: ffi.from_buffer(_CTYPES[a.dtype], self._arrays[a.name])
-                     for a in specs if a.dtype in _CTYPES}
+                     for a in specs}
         self._scratch = np.zeros(n, bool)
 
-        _raise_fd_limit(FDS_PER_CGROUP * n)
-        paths = [ffi.new("char[]", os.fsencode(d)) for d in self.dirs]
+        shared = {} if adopt is None or adopt.closed else \
+            {d: j for j, d in enumerate(adopt.dirs)}
+        raise_fd_limit(FDS_PER_CGROUP * (n - len(shared)))
+        paths = [ffi.NULL if d in shared else ffi.new("char[]", os.fsencode(d))
+                 for d in self.dirs]
         table = lib.dq_cgtable_open(ffi.new("char *[]", paths), n)
         if table == ffi.NULL:
             raise MemoryError("cannot allocate the cgroup table")
         self._table = ffi.gc(table, lib.dq_cgtable_close)
         self.closed = False
+        pairs = [(i, shared[d]) for i, d in enumerate(self.dirs) if d in shared]
+        if pairs:
+            assert adopt is not None
+            for i, j in pairs:
+                lib.dq_cgtable_adopt(table, i, adopt._table, j)
+            new, old = (np.array(x, dtype=np.intp) for x in zip(*pairs, strict=True))
+            for name, array in self._arrays.items():
+                array[new] = adopt._arrays[name][old]
 
     def __len__(self) -> int:
         return len(self.dirs)
@@ -132,6 +159,8 @@ class CgroupTable:
     def apply(self, quota_usec: np.ndarray | int | None = None,
               period_usec: np.ndarray | int | None = None) -> int:
         """Writes cpu.max where the request differs from the last write; returns the count.
+        `foreign` flags the slots written that held someone else's value instead (which is
+        then in `max_quota_usec`, `max_period_usec`).
 
         The request is `quota_usec`/`period_usec` (arrays or scalars, copied into the
         table's request arrays), or what those arrays already hold when omitted.
@@ -143,7 +172,8 @@ class CgroupTable:
         p = self._ptr
         return lib.dq_cgtable_apply(self._handle(), p["quota_usec"], p["period_usec"],
                                     p["last_quota_usec"], p["last_period_usec"],
-                                    p["apply_status"])
+                                    p["apply_status"], p["foreign"], p["max_quota_usec"],
+                                    p["max_period_usec"])
 
     def read_back(self) -> int:
         """Reads every cpu.max; returns how many slots drifted from what was last written.

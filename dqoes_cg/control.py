@@ -3,17 +3,17 @@
 A request is one JSON object on one line, ``{"version": 1, "op": OP, ...arguments}``; the
 reply is one line, ``{"version": 1, "ok": true, "result": ...}`` or
 ``{"version": 1, "ok": false, "error": "one-line message"}``, and the daemon closes the
-connection. Operations (arguments):
-
-    set-target    container, target_s, metric, pending   (write)
-    unset-target  container                              (write)
-    list                                                 (read)
-    status        container (optional)                   (read)
+connection. The operations and their arguments are the daemon's (api.py).
 
 Write operations need root or membership of the configured group; read operations need the
 same unless the daemon was started with --public-status. The peer is identified by
-SO_PEERCRED, never by what it claims. The server is non-blocking and driven by the daemon's
-loop (``poll``), so a slow or hostile client can delay nothing but itself.
+SO_PEERCRED, never by what it claims.
+
+The server is non-blocking and driven by the daemon's loop (`poll`), so a slow or hostile
+client delays nothing but itself: replies are buffered and sent as the client reads them,
+every connection has a deadline, and a user other than root may hold at most
+MAX_CLIENTS_PER_UID connections and MAX_BUFFERED bytes of unsent replies; root is always
+served (up to MAX_ROOT_CLIENTS).
 """
 
 from __future__ import annotations
@@ -27,19 +27,21 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
-WRITE_OPS = frozenset({"set-target", "unset-target"})
-READ_OPS = frozenset({"list", "status"})
 MAX_REQUEST = 64 * 1024
 CLIENT_DEADLINE_S = 2.0
-MAX_CLIENTS = 32
+MAX_CLIENTS_PER_UID = 4
+MAX_OTHER_CLIENTS = 32  # connections of users other than root, all together
+MAX_ROOT_CLIENTS = 256
+MAX_BUFFERED = 32 << 20  # bytes of unsent replies to users other than root, all together
+BACKLOG = 128
 
 
 class RequestError(Exception):
@@ -74,15 +76,27 @@ def peer_in_group(peer: Peer, gid: int) -> bool:
     return False
 
 
+@dataclass(eq=False)
+class _Client:
+    peer: Peer
+    deadline: float
+    request: bytearray = field(default_factory=bytearray)
+    reply: memoryview | None = None
+
+
 class ControlServer:
-    def __init__(self, path: Path, handler: Handler, group: str | None = None,
-                 public_read: bool = False) -> None:
+    """Serves the operations `ops` (name -> whether it writes) with `handler`."""
+
+    def __init__(self, path: Path, handler: Handler, ops: Mapping[str, bool],
+                 group: str | None = None, public_read: bool = False) -> None:
         self.path = path
         self._handler = handler
+        self._ops = dict(ops)
         self._gid = grp.getgrnam(group).gr_gid if group else None
         self._public_read = public_read
         self._selector = selectors.DefaultSelector()
-        self._clients: dict[socket.socket, tuple[bytearray, float]] = {}
+        self._clients: dict[socket.socket, _Client] = {}
+        self._buffered = 0  # unsent reply bytes of users other than root
         self._listener = self._listen()
         self._selector.register(self._listener, selectors.EVENT_READ)
 
@@ -103,7 +117,7 @@ class ControlServer:
         elif not self._public_read:
             mode = 0o600
         os.chmod(self.path, mode)
-        sock.listen(16)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
         return sock
 
@@ -118,85 +132,117 @@ class ControlServer:
             pass
 
     def poll(self, timeout: float) -> None:
-        """Serve requests until `timeout` seconds have passed."""
-        deadline = time.monotonic() + max(0.0, timeout)
+        """Serve requests for `timeout` seconds; at least one look even when it is 0 or
+        less (a tick that overran its interval)."""
+        deadline = time.monotonic() + timeout
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for key, _ in self._selector.select(remaining):
+            remaining = max(0.0, deadline - time.monotonic())
+            for key, events in self._selector.select(remaining):
                 if key.fileobj is self._listener:
                     self._accept()
+                elif events & selectors.EVENT_WRITE:
+                    self._send(key.fileobj)  # type: ignore[arg-type]
                 else:
                     self._read(key.fileobj)  # type: ignore[arg-type]
             self._expire()
+            if remaining <= 0:
+                break
 
     def _accept(self) -> None:
-        try:
-            conn, _ = self._listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        if len(self._clients) >= MAX_CLIENTS:
-            conn.close()
-            return
-        conn.setblocking(False)
-        self._clients[conn] = (bytearray(), time.monotonic() + CLIENT_DEADLINE_S)
-        self._selector.register(conn, selectors.EVENT_READ)
+        while True:  # empty the backlog: clients wait there otherwise
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. out of descriptors: drop this one, go on later
+                log.warning("control socket: accept failed: %s", e.strerror)
+                return
+            peer = peer_of(conn)
+            if not self._room_for(peer):
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self._clients[conn] = _Client(peer, time.monotonic() + CLIENT_DEADLINE_S)
+            self._selector.register(conn, selectors.EVENT_READ)
+
+    def _room_for(self, peer: Peer) -> bool:
+        same = sum(1 for c in self._clients.values() if c.peer.uid == peer.uid)
+        if peer.uid == 0:
+            return same < MAX_ROOT_CLIENTS
+        others = sum(1 for c in self._clients.values() if c.peer.uid != 0)
+        return same < MAX_CLIENTS_PER_UID and others < MAX_OTHER_CLIENTS
 
     def _read(self, conn: socket.socket) -> None:
-        buf, _ = self._clients[conn]
+        client = self._clients[conn]
         try:
             chunk = conn.recv(MAX_REQUEST)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             chunk = b""
-        buf += chunk
-        if b"\n" in buf:
-            self._answer(conn, bytes(buf.split(b"\n", 1)[0]))
+        client.request += chunk
+        if b"\n" in client.request:
+            self._answer(conn, bytes(client.request.split(b"\n", 1)[0]))
         elif not chunk:
             self._drop(conn)
-        elif len(buf) > MAX_REQUEST:
+        elif len(client.request) > MAX_REQUEST:
             self._answer(conn, None)
 
     def _answer(self, conn: socket.socket, line: bytes | None) -> None:
-        reply = self._reply(conn, line)
-        try:
-            conn.setblocking(True)
-            conn.settimeout(CLIENT_DEADLINE_S)
-            conn.sendall(json.dumps(reply).encode() + b"\n")
-        except OSError:
-            pass
-        self._drop(conn)
+        client = self._clients[conn]
+        data = json.dumps(self._reply(client.peer, line)).encode() + b"\n"
+        if client.peer.uid != 0:
+            if self._buffered + len(data) > MAX_BUFFERED:
+                data = json.dumps(_error("daemon busy: too many unread replies; try again")
+                                  ).encode() + b"\n"
+            self._buffered += len(data)
+        client.reply = memoryview(data)
+        self._selector.modify(conn, selectors.EVENT_WRITE)
+        self._send(conn)
 
-    def _reply(self, conn: socket.socket, line: bytes | None) -> dict[str, Any]:
+    def _send(self, conn: socket.socket) -> None:
+        client = self._clients[conn]
+        assert client.reply is not None
+        try:
+            sent = conn.send(client.reply)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if client.peer.uid != 0:
+            self._buffered -= sent
+        client.reply = client.reply[sent:]
+        if not client.reply:
+            self._drop(conn)
+
+    def _reply(self, peer: Peer, line: bytes | None) -> dict[str, Any]:
         try:
             if line is None:
                 raise RequestError(f"request larger than {MAX_REQUEST} bytes")
             try:
                 req = json.loads(line)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise RequestError("request is not valid JSON") from e
+            except (ValueError, UnicodeDecodeError, RecursionError) as e:
+                raise RequestError("request is not valid JSON (or nested too deeply)") from e
             if not isinstance(req, dict):
                 raise RequestError("request must be a JSON object")
             if req.get("version") != PROTOCOL_VERSION:
-                raise RequestError(f"protocol version {req.get('version')!r} not supported "
-                                   f"(daemon speaks {PROTOCOL_VERSION})")
+                raise RequestError(f"protocol version {req.get('version')!r:.40} not "
+                                   f"supported (daemon speaks {PROTOCOL_VERSION})")
             op = req.get("op")
-            if op not in WRITE_OPS | READ_OPS:
-                raise RequestError(f"unknown operation {op!r}")
-            peer = peer_of(conn)
+            if not isinstance(op, str) or op not in self._ops:
+                raise RequestError(f"unknown operation {op!r:.60}")
             self._authorize(op, peer)
-            result = self._handler(op, req, peer)
-            return {"version": PROTOCOL_VERSION, "ok": True, "result": result}
+            return {"version": PROTOCOL_VERSION, "ok": True,
+                    "result": self._handler(op, req, peer)}
         except RequestError as e:
-            return {"version": PROTOCOL_VERSION, "ok": False, "error": str(e)}
+            return _error(str(e))
         except Exception:  # a bug must not take the daemon down with it
             log.exception("control request failed")
-            return {"version": PROTOCOL_VERSION, "ok": False, "error": "internal error (see log)"}
+            return _error("internal error (see the daemon's log)")
 
     def _authorize(self, op: str, peer: Peer) -> None:
-        if peer.uid == 0 or (op in READ_OPS and self._public_read):
+        if peer.uid == 0 or (not self._ops[op] and self._public_read):
             return
         if self._gid is not None and peer_in_group(peer, self._gid):
             return
@@ -205,17 +251,23 @@ class ControlServer:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for conn, (_, deadline) in list(self._clients.items()):
-            if now > deadline:
+        for conn, client in list(self._clients.items()):
+            if now > client.deadline:
                 self._drop(conn)
 
     def _drop(self, conn: socket.socket) -> None:
-        self._clients.pop(conn, None)
+        client = self._clients.pop(conn, None)
+        if client is not None and client.reply is not None and client.peer.uid != 0:
+            self._buffered -= len(client.reply)
         try:
             self._selector.unregister(conn)
         except (KeyError, ValueError):
             pass
         conn.close()
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"version": PROTOCOL_VERSION, "ok": False, "error": message}
 
 
 class DaemonUnavailable(Exception):
@@ -235,6 +287,9 @@ def request(path: Path, op: str, timeout: float = 10.0, **args: Any) -> Any:
             raise DaemonUnavailable(f"daemon not running (nothing listens on {path})") from e
         except PermissionError as e:
             raise RequestError(f"permission denied: cannot connect to {path}") from e
+        except BlockingIOError as e:  # EAGAIN: the listen backlog is full
+            raise DaemonUnavailable(f"daemon busy (the backlog of {path} is full); "
+                                    "try again") from e
         sock.sendall(json.dumps({"version": PROTOCOL_VERSION, "op": op, **args}).encode()
                      + b"\n")
         data = bytearray()
@@ -245,6 +300,9 @@ def request(path: Path, op: str, timeout: float = 10.0, **args: Any) -> Any:
             data += chunk
     except TimeoutError as e:
         raise DaemonUnavailable(f"daemon did not answer within {timeout:.0f} s") from e
+    except OSError as e:
+        raise DaemonUnavailable(f"lost the connection to the daemon at {path}: "
+                                f"{e.strerror or e}") from e
     finally:
         sock.close()
     try:

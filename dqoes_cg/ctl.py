@@ -20,12 +20,15 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
+from . import __version__
+from .config import DEFAULT_SOCKET
 from .control import DaemonUnavailable, RequestError, request
 from .state import METRICS
+from .status import Listing, Status
+from .table import format_table
 
-DEFAULT_SOCKET = Path("/run/dqoes/dqoes.sock")
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 3
 _UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -58,40 +61,36 @@ def _cores(value: float | None) -> str:
     return "max" if value is None else f"{value:.2f}"
 
 
-def format_status(status: dict[str, Any]) -> str:
-    header = ("CONTAINER", "CLASS", "TARGET", "METRIC", "MEASURED", "Q", "LIMIT", "USAGE",
-              "THROTTLED", "SAMPLES")
-    rows = [header]
-    for c in status["containers"]:
-        q = c["q_s"]
+def format_status(status: Status) -> str:
+    rows = [("CONTAINER", "CLASS", "TARGET", "METRIC", "MEASURED", "Q", "LIMIT", "USAGE",
+             "THROTTLED", "SAMPLES")]
+    for c in status.containers:
+        q = c.q_s
         rows.append((
-            c["name"], c["class"], format_duration(c["target_s"]), c["metric"],
-            format_duration(c["measured_s"]),
+            c.name, c.cls + ("!" if c.contested else ""), format_duration(c.target_s),
+            c.metric, format_duration(c.measured_s),
             "-" if q is None else ("+" if q >= 0 else "") + format_duration(q),
-            _cores(c["cpu_limit_cores"]), f"{c['cpu_usage_cores']:.2f}",
-            f"{c['throttled_ratio'] * 100:.0f}%", str(c["samples"]),
+            _cores(c.cpu_limit_cores), f"{c.cpu_usage_cores:.2f}",
+            f"{c.throttled_ratio * 100:.0f}%", str(c.samples),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
-    h = status["host"]
-    age = h["last_decision_age_s"]
-    lines.append("")
-    lines.append(
-        f"G {h['G']}  S {h['S']}  B {h['B']}  idle {h['idle']}  pending {h['pending']}"
-        f"  | policy {h['policy']}, interval {h['interval_s']:.0f}s, last decision "
-        + ("never" if age is None else f"{age:.0f}s ago")
-        + f", budget {h['budget_cpus']:g} CPUs")
+    h = status.host
+    age = h.last_decision_age_s
+    lines = [format_table(rows), "",
+             f"G {h.G}  S {h.S}  B {h.B}  idle {h.idle}  pending {h.pending}"
+             f"  | policy {h.policy}, interval {h.interval_s:.0f}s, last decision "
+             + ("never" if age is None else f"{age:.0f}s ago")
+             + f", budget {h.budget_cpus:g} CPUs"]
+    if h.contested:
+        lines.append(f"! {h.contested} contested: another writer keeps changing their "
+                     "cpu.max, which is left to it for a while (see the daemon's log)")
     return "\n".join(lines)
 
 
-def format_list(targets: list[dict[str, Any]]) -> str:
-    rows = [("CONTAINER", "TARGET", "METRIC", "STATE", "CGROUP")]
-    rows += [(t["name"], format_duration(t["target_s"]), t["metric"], t["state"],
-              t["cgroup"] or "-") for t in targets]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
+def format_list(targets: list[Listing]) -> str:
+    rows = [("CONTAINER", "TARGET", "METRIC", "STATE", "SOURCE", "CGROUP")]
+    rows += [(t.name, format_duration(t.target_s), t.metric, t.state, t.source,
+              t.cgroup or (f"- ({t.reason})" if t.reason else "-")) for t in targets]
+    return format_table(rows)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,6 +101,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dqoesctl", description="Control the dqoes-cg daemon.")
+    p.add_argument("--version", action="version", version=f"dqoesctl {__version__}")
     p.add_argument("--socket", type=Path,
                    default=Path(os.environ.get("DQOES_SOCKET", DEFAULT_SOCKET)),
                    help="daemon control socket (default %(default)s, or $DQOES_SOCKET)")
@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="show the controller's view")
     st.add_argument("container", nargs="?")
     st.add_argument("--json", action="store_true")
-    st.add_argument("--watch", nargs="?", type=float, const=1.0, metavar="SECONDS",
+    st.add_argument("--watch", nargs="?", type=_interval, const=1.0, metavar="SECONDS",
                     help="refresh every SECONDS (default 1) until interrupted")
     return p
 
@@ -140,9 +140,22 @@ def _run(args: argparse.Namespace) -> str:
         return f"{r['name']}: target removed{restored}"
     if args.command == "list":
         targets = request(args.socket, "list")
-        return json.dumps(targets, indent=1) if args.json else format_list(targets)
+        return json.dumps(targets, indent=1) if args.json else \
+            format_list([Listing.from_json(t) for t in targets])
     status = request(args.socket, "status", container=args.container)
-    return json.dumps(status, indent=1) if args.json else format_status(status)
+    return json.dumps(status, indent=1) if args.json else \
+        format_status(Status.from_json(status))
+
+
+def _interval(text: str) -> float:
+    """--watch's SECONDS: a positive, finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

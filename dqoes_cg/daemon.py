@@ -21,10 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import __version__, api
 from .cgroup import CgroupError
+from .config import Config
 from .control import ControlServer, Peer
-from .controller import Config, Controller
+from .controller import Controller
 from .metrics import MetricsServer, parse_listen
+from .policy import POLICIES, PolicyParams
 from .sdnotify import Notifier
 from .systemd_units import UnitLimiter
 
@@ -41,6 +44,16 @@ class _JournalFormatter(logging.Formatter):
         return f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default unless it has none or its text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or "default" in text or action.default is False:
+            return text
+        return super()._get_help_string(action)
+
+
 def _setup_logging(verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if os.environ.get("JOURNAL_STREAM"):
@@ -51,12 +64,14 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    d = Config()
+    d, pp = Config(), PolicyParams()
     p = argparse.ArgumentParser(prog="dqoesd", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_HelpFormatter)
+    p.add_argument("--version", action="version", version=f"dqoesd {__version__}")
     p.add_argument("--sample-interval", type=float, default=d.sample_interval,
                    help="seconds between ticks (sample, reconcile)")
-    p.add_argument("--state-dir", type=Path, default=d.state_dir)
+    p.add_argument("--state-dir", type=Path, default=d.state_dir,
+                   help="the targets, and the limits to give back")
     p.add_argument("--run-dir", type=Path, default=d.run_dir,
                    help="runtime directory: control socket and rings/<container>/ring")
     p.add_argument("--socket", type=Path, default=None,
@@ -65,15 +80,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="the cgroup v2 mount (default: found in /proc/self/mountinfo)")
     p.add_argument("--cpus", type=float, default=None,
                    help="CPU budget T_R of the managed containers (default: all online CPUs)")
-    p.add_argument("--alpha", type=float, default=d.alpha, help="tolerance band")
-    p.add_argument("--beta", type=float, default=d.beta, help="step amplitude")
-    p.add_argument("--interval", type=float, default=d.iv_initial,
+    p.add_argument("--policy", choices=sorted(POLICIES), default=d.policy,
+                   help="how limits are decided")
+    p.add_argument("--alpha", type=float, default=pp.alpha, help="tolerance band")
+    p.add_argument("--beta", type=float, default=pp.beta, help="step amplitude")
+    p.add_argument("--interval", type=float, default=pp.iv_initial,
                    help="initial interval of the adaptive listener (IV_initial), seconds")
-    p.add_argument("--max-interval", type=float, default=d.iv_max,
+    p.add_argument("--max-interval", type=float, default=pp.iv_max,
                    help="ceiling of the listener's interval, seconds")
     p.add_argument("--ring-capacity", type=int, default=d.ring_capacity,
                    help="slots per ring (power of two)")
-    p.add_argument("--docker-root", type=Path, default=d.docker_root)
+    p.add_argument("--docker-root", type=Path, default=d.docker_root,
+                   help="Docker's data root, where container names are looked up")
     p.add_argument("--group", default=None,
                    help="members of this group may change targets (root always may)")
     p.add_argument("--public-status", action="store_true",
@@ -90,15 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         metrics_address = parse_listen(args.metrics_listen) if args.metrics_listen else None
+        params = PolicyParams(args.alpha, args.beta, args.interval, args.max_interval)
     except ValueError as e:
         parser.error(str(e))
     _setup_logging(args.verbose)
     faulthandler.enable()  # a hung loop killed by the watchdog (SIGABRT) logs where it hung
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
-        mount=args.cgroup_mount, cpus=args.cpus, alpha=args.alpha, beta=args.beta,
-        iv_initial=args.interval, iv_max=args.max_interval, ring_capacity=args.ring_capacity,
-        docker_root=args.docker_root)
+        mount=args.cgroup_mount, cpus=args.cpus, policy=args.policy, params=params,
+        ring_capacity=args.ring_capacity, docker_root=args.docker_root)
     notifier = Notifier()
     watchdog = notifier.watchdog_interval()
     if watchdog is not None and watchdog < cfg.sample_interval:
@@ -111,40 +129,41 @@ def main(argv: list[str] | None = None) -> int:
 
     def handle(op: str, req: dict[str, Any], peer: Peer) -> Any:
         with lock:
-            return controller.handle(op, req, peer)
+            return api.handle(controller, op, req, peer)
 
-    def snapshot() -> dict[str, Any]:
+    def snapshot() -> Any:
         with lock:
-            status = controller.status()
-        return {**status, "systemd": {"sent": limiter.sent, "failed": limiter.failed}}
+            return controller.status()
 
     metrics = None
     try:
         controller = Controller(cfg, limiter=limiter)
-        server = ControlServer(args.socket or cfg.run_dir / "dqoes.sock", handle,
+        server = ControlServer(args.socket or cfg.socket, handle,
+                               {op: o.write for op, o in api.OPERATIONS.items()},
                                group=args.group, public_read=args.public_status)
         if metrics_address:
             metrics = MetricsServer(metrics_address, snapshot)
             log.info("metrics at http://%s:%d/metrics", *metrics.address)
-    except (CgroupError, OSError, KeyError) as e:
+    except (CgroupError, OSError, KeyError, ValueError) as e:
         log.error("cannot start: %s", e)
         limiter.close()
         return 1
 
-    stopping = False
+    stopping = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        log.info("%s: stopping", signal.Signals(signum).name)
+        if not stopping.is_set():
+            log.info("%s: stopping", signal.Signals(signum).name)
+        stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     notifier.ready(controller.summary())
-    log.info("dqoesd ready: %s, socket %s", controller.summary(), server.path)
+    log.info("dqoesd %s ready: %s, policy %s, socket %s", __version__, controller.summary(),
+             controller.policy.name, server.path)
     next_tick = time.monotonic()
     try:
-        while not stopping:
+        while not stopping.is_set():
             now = time.monotonic()
             if now >= next_tick:
                 with lock:
@@ -155,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 next_tick += cfg.sample_interval
                 if next_tick < now:
                     next_tick = now + cfg.sample_interval
-            server.poll(next_tick - time.monotonic())
+            server.poll(next_tick - time.monotonic())  # looks at least once, however late
     finally:
         notifier.stopping()
         if metrics is not None:

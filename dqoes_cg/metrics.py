@@ -5,7 +5,8 @@
 controller's status (the daemon's loop holds the same lock while it ticks, so the arrays are
 never read half-updated) and renders it in the text format, version 0.0.4:
 
-    per container  target, measured latency, class, CPU limit and usage, throttling, samples
+    per container  target, measured latency, class, CPU limit and usage, throttling, samples,
+                   foreign writes of its cpu.max, whether it is contested
     per host       containers per class, ticks, decisions, reconcile corrections, ring faults
                    and lost records, systemd updates, the CPU budget and the listener's interval
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
-from .controller import STATUS_CLASSES
+from .status import CLASSES, Status
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_HOST = "127.0.0.1"
 CLIENT_TIMEOUT_S = 5.0
 
-Snapshot = Callable[[], dict[str, Any]]
+Snapshot = Callable[[], Status]
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -74,8 +75,8 @@ class _Family:
                 f"{self.name} {_value(value)}"
 
 
-def render(status: dict[str, Any]) -> str:
-    """The text exposition of a status snapshot (Controller.status() plus "systemd")."""
+def render(status: Status) -> str:
+    """The text exposition of a status snapshot."""
     def family(name: str, kind: str, help_text: str) -> _Family:
         f = _Family(f"dqoes_{name}", kind, help_text)
         families.append(f)
@@ -95,43 +96,49 @@ def render(status: dict[str, Any]) -> str:
                        "Share of CFS periods throttled over the last tick")
     samples = family("container_window_samples", "gauge",
                      "Latency records in the last decision window")
-    for c in status["containers"]:
-        name = c["name"]
-        target.add(c["target_s"], container=name, metric=c["metric"])
-        for k in STATUS_CLASSES:
-            cls.add(1 if c["class"] == k else 0, container=name, **{"class": k})
-        if c["class"] == "pending":
+    foreign = family("container_foreign_writes_total", "counter",
+                     "cpu.max values written by someone else in place of the daemon's")
+    contested = family("container_contested", "gauge",
+                       "1 while the container's cpu.max is left to another writer")
+    for c in status.containers:
+        name = c.name
+        target.add(c.target_s, container=name, metric=c.metric)
+        for k in CLASSES:
+            cls.add(1 if c.cls == k else 0, container=name, **{"class": k})
+        if c.cls == "pending":
             continue
-        measured.add(c["measured_s"], container=name, metric=c["metric"])
-        cores = c["cpu_limit_cores"]
-        limit.add(math.inf if cores is None else cores, container=name)
-        usage.add(c["cpu_usage_cores"], container=name)
-        throttled.add(c["throttled_ratio"], container=name)
-        samples.add(c["samples"], container=name)
+        measured.add(c.measured_s, container=name, metric=c.metric)
+        limit.add(math.inf if c.cpu_limit_cores is None else c.cpu_limit_cores,
+                  container=name)
+        usage.add(c.cpu_usage_cores, container=name)
+        throttled.add(c.throttled_ratio, container=name)
+        samples.add(c.samples, container=name)
+        foreign.add(c.foreign_writes, container=name)
+        contested.add(int(c.contested), container=name)
 
-    h = status["host"]
+    h = status.host
     containers = family("containers", "gauge", "Containers with a target, by class")
-    for k in STATUS_CLASSES:
-        containers.add(h[k], **{"class": k})
-    for name, key, help_text in (
-            ("ticks_total", "ticks", "Ticks of the control loop"),
-            ("decisions_total", "decisions", "Decisions of the policy"),
-            ("reconcile_corrections_total", "reconcile_corrections",
+    for k in CLASSES:
+        containers.add(getattr(h, k), **{"class": k})
+    for name, value, help_text in (
+            ("ticks_total", h.ticks, "Ticks of the control loop"),
+            ("decisions_total", h.decisions, "Decisions of the policy"),
+            ("reconcile_corrections_total", h.reconcile_corrections,
              "Limits found changed by someone else and written again"),
-            ("ring_faults_total", "ring_faults", "Faults met reading latency rings"),
-            ("ring_lost_records_total", "ring_lost",
+            ("ring_faults_total", h.ring_faults, "Faults met reading latency rings"),
+            ("ring_lost_records_total", h.ring_lost,
              "Latency records lost to overruns, torn or invalid slots")):
-        family(name, "counter", help_text).add(h[key])
+        family(name, "counter", help_text).add(value)
     updates = family("systemd_updates_total", "counter",
                      "CPU limits of systemd units sent to systemd, by result")
-    for result in ("sent", "failed"):
-        updates.add(status.get("systemd", {}).get(result, 0), result=result)
+    updates.add(h.systemd_sent, result="sent")
+    updates.add(h.systemd_failed, result="failed")
     family("budget_cpus", "gauge", "CPU budget T_R of the managed containers").add(
-        h["budget_cpus"])
+        h.budget_cpus)
     family("interval_seconds", "gauge", "Current interval of the adaptive listener").add(
-        h["interval_s"])
+        h.interval_s)
     family("last_decision_timestamp_seconds", "gauge",
-           "Unix time of the last decision (NaN: none yet)").add(h["last_decision_unix"])
+           "Unix time of the last decision (NaN: none yet)").add(h.last_decision_unix)
     return "\n".join(line for f in families for line in f.lines()) + "\n"
 
 

@@ -14,8 +14,10 @@ and error bounds: docs/ring-format.md.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -67,6 +69,18 @@ class Status(IntEnum):
 
 
 CLOSED = lib.DQ_RING_CLOSED
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def ring_dir_name(name: str) -> str:
+    """A container's ring directory: its name where that is a plain file name, else a
+    readable slug made unique by a hash (paths, unit names with odd characters)."""
+    if _PLAIN_NAME.fullmatch(name) and name not in (".", ".."):
+        return name
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:40] or "container"
+    return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
 
 
 def ring_path(run_dir: Path, name: str) -> Path:

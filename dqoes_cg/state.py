@@ -1,27 +1,51 @@
-"""The daemon's persistent state: targets and the limits it must give back.
+"""The daemon's persistent state: its targets, the cgroups they are bound to, and the limits
+it must give back.
 
-One JSON file under --state-dir, replaced atomically (write a temporary file, fsync, rename,
-fsync the directory), so a crash leaves either the old or the new state, never a torn one.
-It holds what a restarted daemon needs to re-adopt its containers: each target, the cgroup it
-was bound to, and the `cpu.max` that cgroup had before the daemon first wrote it. Written on
-every change of targets or bindings, never per tick.
+Two files under --state-dir:
+
+    state.json   a snapshot: {"version": 2, "targets": [Target, ...]}
+    state.log    the changes since, one JSON line each: {"put": Target} or {"del": name}
+
+A change is one append of its lines to state.log, written whole and fsynced before the
+caller changes anything in memory, so that a request costs the same with 10 targets as with
+10,000, and a failed write (a full disk) changes nothing: the log is cut back to where it
+was and the caller gets a `StateError`. When the log has grown to the size of the state,
+`compact` writes a new snapshot: to a temporary file, written whole, fsynced, read back and
+parsed, then renamed over the old one, whose previous version stays as state.json.prev;
+only then is the log emptied. A crash at any point leaves a snapshot and a log whose replay
+gives the last acknowledged state (replaying a line twice changes nothing); a torn last
+line (a crash mid-append, never acknowledged) is ignored.
+
+A target bound to a cgroup records the cgroup's identity (the boot and the directory's
+inode: cgroupfs never reuses one within a boot), so that a cgroup removed and re-created
+under the same path while the daemon was down is not taken for the old one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no log, no source, no cgroup identity
 METRICS = ("mean", "p50", "p90", "p95", "p99")
+SOURCES = ("cli", "label")
 MAX_TARGET_S = 3600.0
+COMPACT_MIN_LINES = 256
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+class StateError(Exception):
+    """The state could not be written; nothing was changed. A one-line message."""
 
 
 @dataclass
@@ -29,11 +53,16 @@ class Target:
     name: str  # the container as the user named it; the key
     target_s: float  # QoE objective o_i, seconds
     metric: str  # which window statistic is p_i
+    source: str = "cli"  # who set it: dqoesctl ("cli") or the container's labels ("label")
     cgroup: str | None = None  # bound cgroup directory, None while pending
+    cgroup_id: str | None = None  # "<boot id>:<inode>" of that directory
     original_max: str | None = None  # cpu.max before our first write; None: never written
 
 
-def check_target(target_s: float, metric: str) -> None:
+_TARGET_FIELDS = frozenset(f.name for f in fields(Target))
+
+
+def check_target(target_s: Any, metric: Any) -> None:
     """Raise ValueError unless (target, metric) is something the controller can pursue."""
     if not isinstance(target_s, (int, float)) or isinstance(target_s, bool):
         raise ValueError("target must be a number of seconds")
@@ -45,46 +74,204 @@ def check_target(target_s: float, metric: str) -> None:
         raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
 
 
+def cgroup_identity(path: str | os.PathLike[str]) -> str:
+    """The identity of the cgroup directory at `path`: "<boot id>:<inode>"; OSError if
+    it is gone."""
+    return f"{boot_id()}:{os.stat(path, follow_symlinks=False).st_ino}"
+
+
+_boot_id: str | None = None
+
+
+def boot_id() -> str:
+    global _boot_id
+    if _boot_id is None:
+        try:
+            _boot_id = BOOT_ID.read_text().strip()
+        except OSError:
+            _boot_id = "unknown"
+    return _boot_id
+
+
+def _target(item: Any) -> Target:
+    if not isinstance(item, dict) or not set(item) <= _TARGET_FIELDS:
+        raise ValueError(f"not a target: {item!r:.80}")
+    t = Target(**item)
+    if not isinstance(t.name, str) or not t.name:
+        raise ValueError("a target without a name")
+    check_target(t.target_s, t.metric)
+    if t.source not in SOURCES:
+        raise ValueError(f"unknown source {t.source!r}")
+    return t
+
+
 class StateStore:
     def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.path = directory / "state.json"
+        self.log_path = directory / "state.log"
+        self._log_fd: int | None = None
+        self._log_lines = 0
+
+    # --- reading -----------------------------------------------------------------------
 
     def load(self) -> dict[str, Target]:
-        """Targets from the last run; a corrupt file is kept aside, never silently lost."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return {}
-        try:
-            doc = json.loads(raw)
-            if doc.get("version") != STATE_VERSION:
-                raise ValueError(f"state version {doc.get('version')!r}")
-            targets = {}
-            for item in doc["targets"]:
-                t = Target(**item)
-                check_target(t.target_s, t.metric)
-                targets[t.name] = t
-            return targets
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            aside = self.path.with_name(f"state.json.corrupt-{int(time.time())}")
-            os.replace(self.path, aside)
-            log.error("state file unreadable (%s); moved to %s, starting empty", e, aside)
-            return {}
+        """The state of the last run: its snapshot (or the previous one, if it is
+        unreadable) with the log replayed, then compacted. A file that cannot be read is
+        kept aside under a new name, never silently lost."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        targets = self._read_snapshot(self.path)
+        if targets is None:
+            targets = self._read_snapshot(self.path.with_name("state.json.prev")) or {}
+        self._replay(targets)
+        self.compact(targets)
+        return targets
 
-    def save(self, targets: dict[str, Target]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def _read_snapshot(self, path: Path) -> dict[str, Target] | None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return {} if path == self.path else None
+        try:
+            return _parse_snapshot(raw)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            os.replace(path, aside)
+            log.error("state file %s unreadable (%s); moved to %s", path, e, aside)
+            return None
+
+    def _replay(self, targets: dict[str, Target]) -> None:
+        try:
+            lines = self.log_path.read_bytes().split(b"\n")
+        except FileNotFoundError:
+            return
+        for k, line in enumerate(lines):
+            if not line:
+                continue
+            try:
+                change = json.loads(line)
+                if "put" in change:
+                    t = _target(change["put"])
+                    targets[t.name] = t
+                elif isinstance(change.get("del"), str):
+                    targets.pop(change["del"], None)
+                else:
+                    raise ValueError("neither put nor del")
+            except (ValueError, TypeError, AttributeError, RecursionError) as e:
+                if k != len(lines) - 1:  # a torn last line (no newline) was never acknowledged
+                    log.error("state log line %d unreadable (%s); the changes after it are "
+                              "lost", k + 1, e)
+                return
+
+    # --- writing -----------------------------------------------------------------------
+
+    def put(self, *targets: Target) -> None:
+        """Record these targets as they are now (added or changed); StateError if it
+        could not be written, and then nothing was."""
+        self._append([{"put": asdict(t)} for t in targets])
+
+    def delete(self, *names: str) -> None:
+        """Record that these targets are gone; StateError as for `put`."""
+        self._append([{"del": name} for name in names])
+
+    def due_for_compaction(self, count: int) -> bool:
+        """Whether the log has grown to the size of a snapshot of `count` targets."""
+        return self._log_lines > max(COMPACT_MIN_LINES, count)
+
+    def compact(self, targets: dict[str, Target]) -> None:
+        """Write a snapshot of `targets` (the whole state) and empty the log; on failure
+        the old snapshot and the log stay, which together still hold that state."""
         doc = {"version": STATE_VERSION, "targets": [asdict(t) for t in targets.values()]}
+        data = json.dumps(doc, indent=1).encode()
         tmp = self.path.with_name(f".state.json.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
         try:
-            os.write(fd, json.dumps(doc, indent=1).encode())
+            _write_file(tmp, data)
+            if _parse_snapshot(tmp.read_bytes()).keys() != targets.keys():
+                raise StateError(f"{tmp} did not read back as written")
+            if self.path.exists():
+                prev = self.path.with_name("state.json.prev")
+                with contextlib.suppress(FileNotFoundError):
+                    prev.unlink()
+                os.link(self.path, prev)
+            os.replace(tmp, self.path)
+            _fsync_dir(self.directory)
+            self._truncate_log()
+        except (OSError, StateError) as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            log.warning("cannot write a state snapshot (%s); the log keeps the state", e)
+
+    def close(self) -> None:
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
+
+    def _append(self, changes: list[dict[str, Any]]) -> None:
+        data = b"".join(json.dumps(c).encode() + b"\n" for c in changes)
+        try:
+            fd = self._log()
+            start = os.lseek(fd, 0, os.SEEK_END)
+        except OSError as e:
+            raise StateError(f"cannot write the state log {self.log_path}: "
+                             f"{e.strerror}") from None
+        try:
+            _write_all(fd, data)
             os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)  # no partial line is left behind
+            raise StateError(f"cannot write the state log {self.log_path}: "
+                             f"{e.strerror}") from None
+        self._log_lines += len(changes)
+
+    def _log(self) -> int:
+        if self._log_fd is None:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                                   | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        return self._log_fd
+
+    def _truncate_log(self) -> None:
+        fd = self._log()
+        os.ftruncate(fd, 0)
+        os.fsync(fd)
+        self._log_lines = 0
+
+
+def _parse_snapshot(raw: bytes) -> dict[str, Target]:
+    doc = json.loads(raw)
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"not a state file of version {READABLE_VERSIONS}")
+    targets = {}
+    for item in doc["targets"]:
+        t = _target(item)
+        targets[t.name] = t
+    return targets
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(28, os.strerror(28))  # ENOSPC: a write that makes no progress
+        view = view[n:]
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

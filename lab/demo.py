@@ -141,7 +141,7 @@ def run(bed: Testbed, duration: float, redraw: bool
         time.sleep(REFRESH_S)
         w = observer.window()
         status = bed.status()
-        history.add(w.t, w.latency_s, w.usage_cores, w.limit_cores, status["host"]["S"])
+        history.add(w.t, w.latency_s, w.usage_cores, w.limit_cores, status.host.S)
         table = format_status(status)
         header = f"dqoes-cg demo  t={w.t:.0f}s  ({phase_end - time.monotonic():.0f}s left)"
         if redraw:
@@ -174,11 +174,11 @@ def summarize(h: History, targets: np.ndarray, even: np.ndarray, final: dict[str
     rows = [("WORKER", "TARGET", "DEFAULT LATENCY", "LATENCY (LAST "
              f"{t[tail][-1] - t[tail][0] + REFRESH_S:.0f} S)" if tail.any() else "LATENCY",
              "CLASS", "CPU LIMIT", "CPU USAGE", "")]
-    by_name = {c["name"].rsplit("/", 1)[-1]: c for c in final["containers"]}
+    by_name = {c.name.rsplit("/", 1)[-1]: c for c in final.containers}
     usage = np.nanmean(np.array(h.usage)[tail], axis=0) if tail.any() \
         else np.full(len(SERVICES), np.nan)
     for i, (s, target, e) in enumerate(zip(SERVICES, targets, even, strict=True)):
-        limit = by_name.get(s.name, {}).get("cpu_limit_cores")
+        limit = by_name[s.name].cpu_limit_cores if s.name in by_name else None
         rows.append((s.name, format_duration(target), format_duration(e),
                      format_duration(settled[i]), Cls(int(classes[i])).name,
                      "max" if limit is None else f"{limit:.2f}", f"{usage[i]:.2f}", s.note))

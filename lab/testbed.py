@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from dqoes_cg.actuator import format_cpu_max
 from dqoes_cg.cgroup import find_cgroup2_mount
-from dqoes_cg.cgtable import MAX_QUOTA, CgroupTable
+from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 from dqoes_cg.control import DaemonUnavailable, request
-from dqoes_cg.controller import ring_dir_name
-from dqoes_cg.fleet import PERIOD_USEC, format_cpu_max
-from dqoes_cg.ring import RingSet, ring_path
+from dqoes_cg.ring import RingSet, ring_dir_name, ring_path
+from dqoes_cg.status import Status
 from lab import REPO
 
 CONTROLLERS = "+cpu"
@@ -111,8 +111,8 @@ class Testbed:
         is seconds on an emulated CPU)."""
         return request(self.socket, op, timeout=60, **args)
 
-    def status(self) -> dict[str, Any]:
-        return self.request("status")
+    def status(self) -> Status:
+        return Status.from_json(self.request("status"))
 
     # --- workers ---------------------------------------------------------------------
 
@@ -265,7 +265,8 @@ def _stop(proc: subprocess.Popen[bytes], sig: int) -> int:
 def cap_cpus(cgroup: Path, cpus: float) -> None:
     """Write a cgroup's cpu.max by hand: at most `cpus` CPUs (the root of a testbed's
     subtree: a worker node of its own, beside others on the same kernel)."""
-    (cgroup / "cpu.max").write_text(format_cpu_max(round(cpus * PERIOD_USEC), PERIOD_USEC))
+    period = DEFAULT_PERIOD_USEC
+    (cgroup / "cpu.max").write_text(format_cpu_max(round(cpus * period), period))
 
 
 def remove_tree(cgroup: Path) -> None:

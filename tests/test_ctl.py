@@ -101,7 +101,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def _state(d: Daemon) -> bytes:
-    return (d.state / "state.json").read_bytes()
+    return b"".join(p.read_bytes() for p in sorted(d.state.glob("state.*")))
 
 
 def test_set_list_status_unset(daemon: Daemon) -> None:

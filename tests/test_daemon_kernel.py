@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import pytest
 
-from dqoes_cg import testbed
+from lab import testbed
 from lab.guest.e2e import wait_for
 from lab.testbed import solo_latency
 
@@ -36,7 +36,7 @@ def _wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
 
 
 def _classes(bed: testbed.Testbed) -> dict[str, str]:
-    return {c["name"].rsplit("/", 1)[1]: c["class"] for c in bed.status()["containers"]}
+    return {c.name.rsplit("/", 1)[1]: c.cls for c in bed.status().containers}
 
 
 def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
@@ -63,11 +63,11 @@ def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
         final = _wait_for(lambda: (c := _classes(bed)) and
                           sum(v == "S" for v in c.values()) >= 3 and c, 360,
                           "at least 3 of 4 targets met")
-        status = {c["name"].rsplit("/", 1)[1]: c for c in bed.status()["containers"]}
+        status = {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
         log = bed.daemon_log.read_text()
         # CPU moved: the daemon's limits favour the tight targets (per-tick usage is too
         # noisy on an emulated CPU to compare).
-        limit = {n: c["cpu_limit_cores"] or float("inf") for n, c in status.items()}
+        limit = {n: c.cpu_limit_cores or float("inf") for n, c in status.items()}
         assert min(limit["w1"], limit["w2"]) > max(limit["w3"], limit["w4"]), (final, log)
 
         # kill -9: the limits stay in force, and a new daemon re-adopts them.
@@ -100,7 +100,7 @@ def test_reconcile_gone_and_rebind(tmp_path: Path) -> None:
         (bed.root / "w2" / "cpu.max").write_text("max 100000")
         _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 10, "the limit written back")
         assert "changed to 'max 100000' by someone else" in bed.daemon_log.read_text()
-        assert bed.status()["host"]["reconcile_corrections"] >= 1
+        assert bed.status().host.reconcile_corrections >= 1
 
         # The cgroup goes away: the target goes back to pending, and binds again when a
         # cgroup of that name comes back.

@@ -109,10 +109,10 @@ def _meet_targets(service: Service) -> dict[str, float]:
     and the tight one holding the largest limit; the limits in force then, in CPUs."""
     def met() -> dict[str, float] | None:
         rows = service.containers()
-        if any(rows[n]["class"] not in ("S", "G") or rows[n]["cpu_limit_cores"] is None
+        if any(rows[n].cls not in ("S", "G") or rows[n].cpu_limit_cores is None
                for n in (TIGHT, LOOSE, SCOPE)):
             return None
-        limits = {n: rows[n]["cpu_limit_cores"] for n in (TIGHT, LOOSE, SCOPE)}
+        limits = {n: rows[n].cpu_limit_cores for n in (TIGHT, LOOSE, SCOPE)}
         loose = max(limits[LOOSE], limits[SCOPE])
         return limits if loose < EVEN_SHARE / 2 and limits[TIGHT] > loose else None
 
@@ -161,7 +161,7 @@ def test_cgroupfs_containers_and_a_scope_get_limits_that_meet_targets(
 def test_docker_systemd_driver_containers_get_limits_that_meet_targets(
         service: Service, docker: Docker, scope: Path, units: int) -> None:
     docker.remove(TIGHT, LOOSE)  # their targets wait for containers of the same names
-    wait_for(lambda: all(service.containers()[n]["class"] == "pending" for n in (TIGHT, LOOSE)),
+    wait_for(lambda: all(service.containers()[n].cls == "pending" for n in (TIGHT, LOOSE)),
              60, "the targets pending again", lambda: _explain(service))
     docker.start("systemd")
     _start_servers(docker, units)

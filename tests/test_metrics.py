@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from dqoes_cg.metrics import MetricsServer, parse_listen, render
+from dqoes_cg.status import Status
 from lab.fakecg import make_cgroup
 
 PROMTOOL = shutil.which("promtool")
@@ -28,11 +29,12 @@ def _container(name: str, cls: str, **values: Any) -> dict[str, Any]:
     return {**row, **values}
 
 
-STATUS = {
+STATUS_JSON = {
     "host": {"G": 1, "S": 1, "B": 0, "idle": 1, "pending": 1, "policy": "dqoes",
              "interval_s": 20.0, "last_decision_age_s": 3.0, "last_decision_unix": 1.7e9,
              "budget_cpus": 2.0, "ticks": 120, "decisions": 7, "reconcile_corrections": 2,
-             "ring_faults": 0, "ring_lost": 5, "totals": {}},
+             "ring_faults": 0, "ring_lost": 5, "totals": {}, "systemd_sent": 3,
+             "systemd_failed": 1},
     "containers": [
         _container("face-unlock", "G", measured_s=0.031, q_s=0.009, cpu_limit_cores=0.75,
                    cpu_usage_cores=0.7, throttled_ratio=0.25, samples=40),
@@ -40,8 +42,8 @@ STATUS = {
         _container("sleepy", "idle"),
         _container("later", "pending"),
     ],
-    "systemd": {"sent": 3, "failed": 1},
 }
+STATUS = Status.from_json(STATUS_JSON)
 
 
 def test_render_per_container_and_per_host() -> None:
@@ -85,9 +87,9 @@ def test_promtool_finds_the_exposition_clean() -> None:
 
 
 def test_promtool_finds_an_empty_controller_clean() -> None:
-    host = {**STATUS["host"], "G": 0, "S": 0, "idle": 0, "pending": 0,
+    host = {**STATUS_JSON["host"], "G": 0, "S": 0, "idle": 0, "pending": 0,
             "last_decision_unix": None}
-    _promtool_check(render({"host": host, "containers": []}))
+    _promtool_check(render(Status.from_json({"host": host, "containers": []})))
 
 
 @pytest.mark.parametrize(("text", "address"), [

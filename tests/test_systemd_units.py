@@ -158,7 +158,7 @@ def test_the_controller_hands_over_changed_unit_limits_only(tmp_path: Path) -> N
                                    reconcile_interval=0.0),  # read back at every tick
                             policy=policy, limiter=limiter)  # type: ignore[arg-type]
     for name in ("system.slice/infer.service", "docker/" + "a" * 64):
-        controller.set_target(name, 0.1, "mean", False, ROOT)
+        controller.set_target(name, 0.1, "mean", False)
 
     controller.tick(time.monotonic())  # 0.25 of 2 CPUs: 50 ms per 100 ms
     assert _cpu_max(unit) == "50000 100000"

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dqoes_cg.actuator import parse_cpu_max
 from dqoes_cg.cgroup import resolve
 from dqoes_cg.control import request
-from dqoes_cg.fleet import parse_cpu_max
+from dqoes_cg.status import ContainerStatus, Status
 
 from .systemd_guest import ARTIFACTS_ENV, GUEST_DIR, REPO
 
@@ -117,11 +118,11 @@ class Service:
     def journal(self) -> str:
         return sh("journalctl", "--no-pager", "-o", "cat", "-u", self.name)
 
-    def status(self) -> dict[str, Any]:
-        return request(SOCKET, "status", timeout=60)
+    def status(self) -> Status:
+        return Status.from_json(request(SOCKET, "status", timeout=60))
 
-    def containers(self) -> dict[str, dict[str, Any]]:
-        return {c["name"]: c for c in self.status()["containers"]}
+    def containers(self) -> dict[str, ContainerStatus]:
+        return {c.name: c for c in self.status().containers}
 
 
 def dqoesctl(*args: str) -> str:

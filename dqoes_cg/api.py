@@ -1,0 +1,84 @@
+"""The request API of the daemon: what each operation of the control protocol does, and
+which need write permission. Domain errors become one-line protocol errors here.
+
+    set-target    container, target_s, metric (default p95), pending (default false)
+    unset-target  container
+    list
+    status        container (optional)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .control import Peer, RequestError
+from .controller import Controller
+from .state import StateError
+from .targets import TargetError
+
+log = logging.getLogger(__name__)
+
+MAX_NAME = 256
+
+
+@dataclass(frozen=True)
+class Operation:
+    write: bool  # needs root or the daemon's control group
+    run: Callable[[Controller, dict[str, Any], Peer], Any]
+
+
+def _set_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+    name = _name(req.get("container"))
+    pending = req.get("pending", False)
+    if not isinstance(pending, bool):
+        raise RequestError("pending must be true or false")
+    target_s, metric = req.get("target_s"), req.get("metric", "p95")
+    listed = c.set_target(name, target_s, metric, pending)
+    log.info("%s: target %.6g s (%s), set by uid %d", name, target_s, metric, peer.uid)
+    return listed.to_json()
+
+
+def _unset_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+    name = _name(req.get("container"))
+    restored = c.unset_target(name)
+    log.info("%s: target removed by uid %d%s", name, peer.uid,
+             f"; cpu.max restored to '{restored}'" if restored else "")
+    return {"name": name, "restored": restored}
+
+
+def _list(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+    return [t.to_json() for t in c.listings()]
+
+
+def _status(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+    only = req.get("container")
+    return c.status(None if only is None else _name(only)).to_json()
+
+
+OPERATIONS: dict[str, Operation] = {
+    "set-target": Operation(True, _set_target),
+    "unset-target": Operation(True, _unset_target),
+    "list": Operation(False, _list),
+    "status": Operation(False, _status),
+}
+WRITE_OPS = frozenset(op for op, o in OPERATIONS.items() if o.write)
+
+
+def handle(controller: Controller, op: str, req: dict[str, Any], peer: Peer) -> Any:
+    """Run a request the control server has parsed and authorized."""
+    try:
+        return OPERATIONS[op].run(controller, req, peer)
+    except (TargetError, StateError) as e:
+        raise RequestError(str(e)) from None
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise RequestError("container must be a non-empty name")
+    if len(value) > MAX_NAME or not value.isprintable():
+        raise RequestError(f"container name must be printable and at most {MAX_NAME} "
+                           "characters")
+    return value

@@ -1,0 +1,40 @@
+"""The daemon's configuration (dqoesd's options) and its places on the filesystem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cgroup import DOCKER_ROOT
+from .cgtable import DEFAULT_PERIOD_USEC
+from .policy import DEFAULT_POLICY, PolicyParams
+from .ring import DEFAULT_CAPACITY
+
+RUN_DIR = Path("/run/dqoes")
+"""The runtime directory: the control socket and the rings (rings/<container>/ring)."""
+STATE_DIR = Path("/var/lib/dqoes")
+SOCKET_NAME = "dqoes.sock"
+DEFAULT_SOCKET = RUN_DIR / SOCKET_NAME
+
+
+@dataclass
+class Config:
+    sample_interval: float = 1.0  # seconds between ticks
+    state_dir: Path = STATE_DIR
+    run_dir: Path = RUN_DIR
+    cpus: float | None = None  # the budget T_R in CPUs; None: all online CPUs
+    policy: str = DEFAULT_POLICY
+    params: PolicyParams = field(default_factory=PolicyParams)
+    period_usec: int = DEFAULT_PERIOD_USEC  # the cpu.max period of the limits written
+    ring_capacity: int = DEFAULT_CAPACITY
+    docker_root: Path = DOCKER_ROOT
+    rebind_interval: float = 2.0  # seconds between looks for pending containers
+    # Seconds between read-backs of every cpu.max. Outside writers are rare (an operator, a
+    # systemd daemon-reload), and a write of ours checks the value it replaces anyway: a
+    # read-back every tick would cost more than the rest of the sense step at 1,000.
+    reconcile_interval: float = 2.0
+    mount: Path | None = None  # the cgroup2 mount; None: found in /proc/self/mountinfo
+
+    @property
+    def socket(self) -> Path:
+        return self.run_dir / SOCKET_NAME

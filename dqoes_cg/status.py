@@ -1,0 +1,187 @@
+"""The status model: what the daemon shows of itself, built in one place (`build`), sent as
+JSON by the control protocol, and rendered by dqoesctl, the Prometheus endpoint and the
+demo. Fields are only ever added; a reader ignores the fields it does not know.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from .policy import Cls
+from .state import Target
+
+if TYPE_CHECKING:
+    from .actuator import Actuator
+    from .fleet import Fleet
+
+CLASSES = ("G", "S", "B", "idle", "pending")
+"""The classes a container can show: the policy's, and pending (no cgroup yet)."""
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    name: str
+    cls: str  # one of CLASSES (JSON: "class")
+    target_s: float
+    metric: str
+    measured_s: float | None  # the metric over the last decision window
+    q_s: float | None  # target - measured (None: idle or pending)
+    cpu_limit_cores: float | None  # cpu.max in CPUs (None: max, or pending)
+    cpu_usage_cores: float  # over the last tick
+    throttled_ratio: float  # throttled periods over the last tick
+    samples: int  # requests in the last window
+    cgroup: str | None
+    ring: str
+    source: str = "cli"  # who set the target: dqoesctl (cli) or the container's labels
+    foreign_writes: int = 0  # cpu.max values of someone else's found in place of ours
+    contested: bool = False  # left to another writer for a while (see actuator.py)
+    reason: str | None = None  # why it is pending
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    G: int
+    S: int
+    B: int
+    idle: int
+    pending: int
+    policy: str
+    interval_s: float  # the listener's current interval
+    last_decision_age_s: float | None
+    last_decision_unix: float | None
+    budget_cpus: float  # T_R
+    ticks: int
+    decisions: int
+    reconcile_corrections: int
+    ring_faults: int
+    ring_lost: int
+    totals: dict[str, float] = field(default_factory=dict)  # the last round's sums
+    foreign_writes: int = 0
+    contested: int = 0
+    systemd_sent: int = 0
+    systemd_failed: int = 0
+
+
+@dataclass(frozen=True)
+class Status:
+    host: HostStatus
+    containers: list[ContainerStatus]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": asdict(self.host),
+                "containers": [_container_json(c) for c in self.containers]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Status:
+        return cls(_known(HostStatus, doc["host"]),
+                   [_known(ContainerStatus, {**c, "cls": c["class"]})
+                    for c in doc["containers"]])
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One target as `dqoesctl list` shows it."""
+
+    name: str
+    target_s: float
+    metric: str
+    state: str  # bound or pending
+    cgroup: str | None
+    ring: str
+    ring_dir: str
+    source: str = "cli"
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Listing:
+        return _known(cls, doc)
+
+
+@dataclass
+class Counters:
+    """What the loop counts, for status."""
+
+    ticks: int = 0
+    decisions: int = 0
+    last_decision: float | None = None  # monotonic
+    last_decision_wall: float | None = None
+    interval: float = 0.0
+    totals: dict[str, float] = field(default_factory=dict)
+    class_counts: list[int] = field(default_factory=lambda: [0] * len(Cls))
+
+
+def listing(target: Target, ring: str, reason: str | None) -> Listing:
+    return Listing(target.name, target.target_s, target.metric,
+                   "bound" if target.cgroup else "pending", target.cgroup, ring,
+                   ring.rsplit("/", 1)[0], target.source,
+                   None if target.cgroup else reason)
+
+
+def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
+          fleet: Fleet, actuator: Actuator, counters: Counters, policy: str, cpus: float,
+          systemd: tuple[int, int]) -> Status:
+    """The status of `targets` (all, or the one asked for) from the loop's tables."""
+    t = fleet.table
+    containers = []
+    for target in targets:
+        i = fleet.slot.get(target.name)
+        if i is None:
+            containers.append(ContainerStatus(
+                target.name, "pending", target.target_s, target.metric, None, None, None,
+                0.0, 0.0, 0, target.cgroup, rings[target.name], target.source,
+                reason=reasons.get(target.name)))
+            continue
+        cls = Cls(int(fleet.classes[i]))
+        quota, period = int(t.max_quota_usec[i]), int(t.max_period_usec[i])
+        containers.append(ContainerStatus(
+            target.name, "idle" if cls == Cls.IDLE else cls.name, target.target_s,
+            target.metric, _finite(fleet.measured[i]),
+            None if cls == Cls.IDLE else _finite(fleet.score[i]),
+            None if quota < 0 or period <= 0 else quota / period,
+            float(fleet.tick_cores[i]), float(fleet.throttled_ratio[i]),
+            int(fleet.samples[i]), target.cgroup, rings[target.name], target.source,
+            int(actuator.foreign_writes[i]), bool(actuator.contested[i])))
+    counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
+    r = fleet.rings
+    n = len(fleet)
+    host = HostStatus(
+        **counts, policy=policy, interval_s=counters.interval,
+        last_decision_age_s=(None if counters.last_decision is None
+                             else time.monotonic() - counters.last_decision),
+        last_decision_unix=counters.last_decision_wall, budget_cpus=cpus,
+        ticks=counters.ticks, decisions=counters.decisions,
+        reconcile_corrections=actuator.corrections,
+        ring_faults=int(r.faults.sum()) if n else 0,
+        ring_lost=int(r.lost_overrun.sum() + r.torn.sum() + r.invalid.sum()) if n else 0,
+        totals=dict(counters.totals),
+        foreign_writes=int(actuator.foreign_writes.sum()) if n else 0,
+        contested=int(np.count_nonzero(actuator.contested)),
+        systemd_sent=systemd[0], systemd_failed=systemd[1])
+    return Status(host, containers)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _container_json(c: ContainerStatus) -> dict[str, Any]:
+    doc = asdict(c)
+    return {"name": doc.pop("name"), "class": doc.pop("cls"), **doc}
+
+
+T = TypeVar("T")
+
+
+def _known(cls: type[T], doc: dict[str, Any]) -> T:
+    """An instance from the fields of `doc` that `cls` knows (a newer daemon may send
+    more)."""
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in doc.items() if k in names})

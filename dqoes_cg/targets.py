@@ -1,0 +1,255 @@
+"""Membership: the targets, the cgroups they are bound to, and the original limits the
+daemon must give back. Every change is persisted (state.py) before it is made in memory,
+so that a failed write changes nothing.
+
+A target is *bound* when its cgroup is known and *pending* while it is not: set with
+--pending before its container exists, or back from bound when its cgroup went away. The
+cgroups of pending targets are looked for off the loop (`Binder`), one walk of the cgroup
+tree for all of them. `version` counts changes of the bound set: the loop rebuilds its
+per-slot tables when it moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from .cgroup import CgroupError, InvalidName, Resolved, require_cpu_controller
+from .state import StateError, StateStore, Target, cgroup_identity, check_target
+
+log = logging.getLogger(__name__)
+
+ResolveMany = Callable[[list[str]], dict[str, Resolved | CgroupError]]
+
+
+class TargetError(Exception):
+    """A request about targets that is refused; a one-line message."""
+
+
+class Targets:
+    def __init__(self, store: StateStore, mount: Path) -> None:
+        self.store = store
+        self.mount = mount
+        self._targets = store.load()
+        self._by_cgroup = {t.cgroup: t.name for t in self._targets.values() if t.cgroup}
+        self.reasons: dict[str, str] = {}  # why a pending target is pending
+        self.version = 0
+
+    def __iter__(self) -> Iterator[Target]:
+        return iter(self._targets.values())
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._targets
+
+    def get(self, name: str) -> Target:
+        try:
+            return self._targets[name]
+        except KeyError:
+            raise TargetError(f"no target for {name!r} (see dqoesctl list)") from None
+
+    def bound(self) -> list[Target]:
+        return [t for t in self._targets.values() if t.cgroup]
+
+    def pending(self) -> list[str]:
+        return [t.name for t in self._targets.values() if not t.cgroup]
+
+    # --- requests ------------------------------------------------------------------------
+
+    def add(self, name: str, target_s: float, metric: str, found: Resolved | CgroupError,
+            pending: bool, source: str, prepare: Callable[[], None]) -> Target:
+        """A new target. `found` is what resolving the name gave: it must be a usable
+        cgroup, unless `pending` accepts one that may appear later (but never a name that
+        can never be valid). `prepare` runs once the target is accepted, before it is saved
+        (it creates the ring). TargetError or StateError: nothing changed."""
+        _check(target_s, metric)
+        try:
+            path = self._usable(name, found)
+        except InvalidName as e:
+            raise TargetError(str(e)) from None
+        except CgroupError as e:
+            if not pending:
+                raise TargetError(str(e)) from None
+            path, reason = None, str(e)
+        target = Target(name, float(target_s), metric, source)
+        if path is not None:
+            target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
+        prepare()
+        self._save(target)
+        if path is None:
+            self.reasons[name] = reason
+        return target
+
+    def change(self, name: str, target_s: float, metric: str, source: str) -> Target:
+        """A new objective for an existing target. TargetError or StateError: nothing
+        changed."""
+        _check(target_s, metric)
+        changed = replace(self.get(name), target_s=float(target_s), metric=metric,
+                          source=source)
+        self._save(changed)
+        return changed
+
+    def unset(self, name: str) -> Target:
+        """Remove a target (its limit must have been given back already)."""
+        target = self.get(name)
+        self.store.delete(name)
+        del self._targets[name]
+        self.reasons.pop(name, None)
+        if target.cgroup:
+            self._by_cgroup.pop(target.cgroup, None)
+            self.version += 1
+        self._compact_if_due()
+        return target
+
+    # --- binding -------------------------------------------------------------------------
+
+    def bind(self, found: dict[str, Resolved | CgroupError]) -> None:
+        """Bind the pending targets whose cgroup was found (a Binder's answers); the others
+        keep the reason they are pending."""
+        newly = []
+        for name, result in found.items():
+            target = self._targets.get(name)
+            if target is None or target.cgroup:
+                continue  # removed, or bound meanwhile
+            try:
+                path = self._usable(name, result)
+                newly.append(replace(target, cgroup=str(path),
+                                     cgroup_id=cgroup_identity(path)))
+            except (CgroupError, OSError) as e:
+                if self.reasons.get(name) != str(e):
+                    log.info("%s: pending (%s)", name, e)
+                self.reasons[name] = str(e)
+        if newly:
+            self._save(*newly)
+            for t in newly:
+                self.reasons.pop(t.name, None)
+                log.info("%s: bound to %s", t.name, t.cgroup)
+
+    def release(self, names: list[str], why: str) -> None:
+        """These targets' cgroups are gone: pending again, with no original to give back."""
+        released = [replace(self._targets[n], cgroup=None, cgroup_id=None, original_max=None)
+                    for n in names]
+        for t in released:
+            log.info("%s: %s; pending until its container is back", t.name, why)
+        self._save(*released)
+
+    def readopt(self) -> None:
+        """After a restart: a target stays bound where its cgroup is still the one it was
+        bound to (same identity), with the original limit saved by the previous run; any
+        other goes back to pending, and an original saved for another cgroup is dropped."""
+        stale = []
+        for t in self._targets.values():
+            if not t.cgroup:
+                continue
+            try:
+                same = t.cgroup_id is None or cgroup_identity(t.cgroup) == t.cgroup_id
+            except OSError:
+                same = False
+            if not same or not Path(t.cgroup, "cpu.max").exists():
+                stale.append(t.name)
+        if stale:
+            self.release(stale, "its cgroup is gone or was re-created while dqoesd was down")
+
+    # --- original limits ---------------------------------------------------------------
+
+    def record_originals(self, originals: dict[str, str]) -> None:
+        """Save the cpu.max each cgroup had before our first write to it (StateError: not
+        saved, and then it must not be written)."""
+        self._save(*(replace(self._targets[n], original_max=m)
+                     for n, m in originals.items()), membership=False)
+
+    def forget_originals(self, names: list[str]) -> None:
+        """The originals of these targets were given back."""
+        changed = [replace(self._targets[n], original_max=None) for n in names
+                   if self._targets[n].original_max is not None]
+        if changed:
+            self._save(*changed, membership=False)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _usable(self, name: str, found: Resolved | CgroupError) -> Path:
+        """The cgroup `found` for `name`, checked usable and managed under no other name."""
+        if isinstance(found, CgroupError):
+            raise found
+        require_cpu_controller(found.path, self.mount)
+        other = self._by_cgroup.get(str(found.path))
+        if other is not None and other != name:
+            raise CgroupError(f"{found.path} is already managed as {other!r}")
+        return found.path
+
+    def _save(self, *targets: Target, membership: bool = True) -> None:
+        """Persist, then change memory (StateError: nothing changed)."""
+        self.store.put(*targets)
+        moved = False
+        for t in targets:
+            old = self._targets.get(t.name)
+            if old is not None and old.cgroup:
+                self._by_cgroup.pop(old.cgroup, None)
+            if t.cgroup:
+                self._by_cgroup[t.cgroup] = t.name
+            before = (None, None) if old is None else (old.cgroup, old.cgroup_id)
+            moved |= before != (t.cgroup, t.cgroup_id)
+            self._targets[t.name] = t
+        if membership and moved:
+            self.version += 1
+        self._compact_if_due()
+
+    def _compact_if_due(self) -> None:
+        if self.store.due_for_compaction(len(self._targets)):
+            self.store.compact(self._targets)
+
+
+def _check(target_s: float, metric: str) -> None:
+    try:
+        check_target(target_s, metric)
+    except ValueError as e:
+        raise TargetError(str(e)) from None
+
+
+class Binder:
+    """Finds the cgroups of pending targets off the loop. `ask(names)` hands a batch to a
+    thread of its own (if none is in progress), which resolves them all against one walk
+    of the cgroup tree; `answers()` returns what it found, without waiting. With
+    `threaded=False` (tests), `ask` resolves at once."""
+
+    def __init__(self, resolve_many: ResolveMany, threaded: bool = True) -> None:
+        self._resolve_many = resolve_many
+        self._answers: queue.SimpleQueue[dict[str, Resolved | CgroupError]] = \
+            queue.SimpleQueue()
+        self._busy = threading.Event()
+        self._threaded = threaded
+
+    def ask(self, names: list[str]) -> None:
+        if not names or self._busy.is_set():
+            return
+        if not self._threaded:
+            self._answers.put(self._resolve_many(names))
+            return
+        self._busy.set()
+        threading.Thread(target=self._run, args=(names,), name="dqoes-binder",
+                         daemon=True).start()
+
+    def answers(self) -> dict[str, Resolved | CgroupError]:
+        found: dict[str, Resolved | CgroupError] = {}
+        while True:
+            try:
+                found.update(self._answers.get_nowait())
+            except queue.Empty:
+                return found
+
+    def _run(self, names: list[str]) -> None:
+        try:
+            self._answers.put(self._resolve_many(names))
+        except Exception:  # a bug must not end the search for good
+            log.exception("looking for pending containers failed")
+        finally:
+            self._busy.clear()
+
+
+__all__ = ["Binder", "StateError", "TargetError", "Targets"]

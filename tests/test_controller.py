@@ -1,0 +1,264 @@
+"""The controller's safety rules, in process on a fake cgroup tree: an original limit is
+journalled before the first write and given back on unset, on stop and after a crash; a
+cgroup re-created while the daemon was down is not mistaken for the old one; foreign writes
+are seen, counted, and a fight is left to the other writer. (The same rules on the real
+kernel: test_daemon_kernel.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dqoes_cg.actuator import BACKOFF_S
+from dqoes_cg.config import Config
+from dqoes_cg.controller import Controller
+from dqoes_cg.policy import Decision, Observation
+from dqoes_cg.state import StateError, StateStore
+from dqoes_cg.targets import TargetError
+from lab.fakecg import make_cgroup, write
+
+ORIGINAL = "150000 100000"
+
+
+class FixedPolicy:
+    """Due at every tick; gives every slot `limit` (fraction of T_R)."""
+
+    name = "fixed"
+
+    def __init__(self, limit: float = 0.25) -> None:
+        self.limit = limit
+        self.limits = np.zeros(0)
+
+    def resize(self, n: int) -> None:
+        self.limits = np.full(n, self.limit)
+
+    def reset(self) -> None:
+        pass
+
+    def due(self, now: float) -> bool:
+        return True
+
+    def decide(self, obs: Observation, now: float) -> Decision:
+        self.limits.fill(self.limit)
+        n = len(self.limits)
+        return Decision(self.limits, np.ones(n, np.int8), np.zeros(n))
+
+
+def _cpu_max(cgroup: Path) -> str:
+    """The fake file's first line (the C writer does not truncate, as kernel files need not)."""
+    return (cgroup / "cpu.max").read_text().split("\n")[0]
+
+
+class Host:
+    """A fake cgroup tree with two containers, and controllers over one state directory."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.mount = tmp / "cgroup"
+        self.a = make_cgroup(self.mount, "docker/" + "a" * 64, cpu_max=ORIGINAL + "\n")
+        self.b = make_cgroup(self.mount, "docker/" + "b" * 64)
+        self.policy = FixedPolicy()
+
+    def controller(self, policy: FixedPolicy | None = None) -> Controller:
+        cfg = Config(mount=self.mount, state_dir=self.tmp / "state", run_dir=self.tmp / "run",
+                     cpus=2, reconcile_interval=0.0)  # read back at every tick
+        return Controller(cfg, policy=policy or self.policy, threaded_binder=False)
+
+    def state(self) -> dict[str, dict]:
+        return {t.name: vars(t) for t in StateStore(self.tmp / "state").load().values()}
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    return Host(tmp_path)
+
+
+def _names(host: Host) -> tuple[str, str]:
+    return "docker/" + "a" * 64, "docker/" + "b" * 64
+
+
+def test_original_is_journalled_before_the_first_write_and_given_back_on_unset(
+        host: Host) -> None:
+    a, b = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target(b, 0.1, "mean", False)
+    assert host.state()[a]["original_max"] is None  # nothing written yet
+    c.tick(time.monotonic())
+    assert _cpu_max(host.a) == _cpu_max(host.b) == "50000 100000"  # 0.25 of 2 CPUs
+    assert host.state()[a]["original_max"] == ORIGINAL
+    assert host.state()[b]["original_max"] == "max 100000"
+    assert c.unset_target(a) == ORIGINAL
+    assert _cpu_max(host.a) == ORIGINAL
+    assert a not in host.state()
+    c.shutdown()
+    assert _cpu_max(host.b) == "max 100000"  # given back on stop
+    assert host.state()[b]["original_max"] is None  # and forgotten
+
+
+def test_no_write_without_a_saved_original(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+
+    def full(*args: object) -> None:
+        raise StateError("cannot write the state log: No space left on device")
+
+    monkeypatch.setattr(StateStore, "put", full)
+    c.tick(time.monotonic())
+    assert _cpu_max(host.a) == ORIGINAL  # not written: its original could not be saved
+    monkeypatch.undo()
+    c.tick(time.monotonic())
+    assert _cpu_max(host.a) == "50000 100000"
+    c.shutdown()
+    assert _cpu_max(host.a) == ORIGINAL
+
+
+def test_a_crash_keeps_the_limits_and_a_new_daemon_re_adopts_them(
+        host: Host, caplog: pytest.LogCaptureFixture) -> None:
+    a, b = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target(b, 0.1, "mean", False)
+    c.tick(time.monotonic())
+    # A crash: no shutdown, the limits stay in force.
+    host.policy.limit = 0.5
+    again = host.controller()
+    assert [t.state for t in again.listings()] == ["bound", "bound"]
+    assert again.actuator.limit.tolist() == [0.25, 0.25]  # the limits in force, ours
+    again.tick(time.monotonic())
+    assert _cpu_max(host.a) == "100000 100000"
+    assert "someone else" not in caplog.text  # it knew its own limits
+    again.shutdown()
+    assert (_cpu_max(host.a), _cpu_max(host.b)) == (ORIGINAL, "max 100000")
+
+
+def test_a_cgroup_re_created_while_down_is_not_given_the_old_original(host: Host) -> None:
+    a, _ = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.tick(time.monotonic())
+    assert host.state()[a]["original_max"] == ORIGINAL
+    # Down (a crash); the container is removed and a new one made under the same path.
+    shutil.rmtree(host.a)
+    make_cgroup(host.mount, a, cpu_max="max 100000\n")
+    again = host.controller()
+    assert host.state()[a]["original_max"] is None
+    again.tick(time.monotonic())  # it binds the new cgroup,
+    again.tick(time.monotonic())  # then limits it, saving its own original first
+    assert host.state()[a]["original_max"] == "max 100000"
+    again.shutdown()
+    assert _cpu_max(host.a) == "max 100000"  # not the old cgroup's 150000
+
+
+def test_foreign_writes_are_seen_before_our_next_write_and_at_reconcile(
+        host: Host, caplog: pytest.LogCaptureFixture) -> None:
+    a, _ = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.tick(time.monotonic())
+    # Someone writes over our limit, and our next decision changes it before a reconcile:
+    # the write of ours still finds theirs.
+    c.cfg.reconcile_interval = 3600.0
+    c.actuator._next_reconcile = time.monotonic() + 3600.0
+    write(host.a / "cpu.max", "max 100000\n")
+    host.policy.limit = 0.3
+    c.tick(time.monotonic())
+    assert _cpu_max(host.a) == "60000 100000"
+    assert "changed to 'max 100000' by someone else" in caplog.text
+    assert c.status().containers[0].foreign_writes == 1
+    c.shutdown()
+
+
+def test_a_fight_is_left_to_the_other_writer(host: Host) -> None:
+    a, _ = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    now = time.monotonic()
+    c.tick(now)
+    for k in range(3):  # rewritten three times within seconds: a fight
+        write(host.a / "cpu.max", "20000 100000\n")
+        c.tick(now + k + 1)
+    row = c.status().containers[0]
+    assert row.contested and row.foreign_writes == 3
+    assert c.status().host.contested == 1
+    for k in range(5):  # left alone while contested, and not counted again
+        write(host.a / "cpu.max", f"{30000 + k} 100000\n")
+        c.tick(now + 10 + k)
+    assert _cpu_max(host.a) == "30004 100000"
+    assert c.status().containers[0].foreign_writes == 3
+    c.tick(now + 10 + BACKOFF_S)  # the back-off is over: limited again
+    assert _cpu_max(host.a) == "50000 100000"
+    assert not c.status().containers[0].contested
+    c.shutdown()
+    assert _cpu_max(host.a) == ORIGINAL
+
+
+def test_a_contested_container_is_not_restored_over_the_other_writer(host: Host) -> None:
+    a, _ = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    now = time.monotonic()
+    c.tick(now)
+    for k in range(3):
+        write(host.a / "cpu.max", "20000 100000\n")
+        c.tick(now + k + 1)
+    assert c.unset_target(a) is None
+    assert _cpu_max(host.a) == "20000 100000"
+
+
+def test_names_that_can_never_be_valid_are_refused_even_pending(host: Host) -> None:
+    c = host.controller()
+    for name in ("../../etc", "rel7/../../etc", "/"):
+        with pytest.raises(TargetError):
+            c.set_target(name, 0.1, "mean", True)
+    assert not c.listings()
+    c.set_target("not-yet-there", 0.1, "mean", True)  # may appear later: pending
+    assert [t.state for t in c.listings()] == ["pending"]
+    c.shutdown()
+
+
+def test_a_failed_save_changes_nothing(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    before = os.listdir(host.tmp / "state")
+
+    def full(*args: object) -> None:
+        raise StateError("cannot write the state log: No space left on device")
+
+    monkeypatch.setattr(StateStore, "put", full)
+    with pytest.raises(StateError, match="No space left"):
+        c.set_target(b, 0.1, "mean", False)
+    with pytest.raises(StateError):
+        c.set_target(a, 0.5, "mean", False)
+    assert [(t.name, t.target_s) for t in c.listings()] == [(a, 0.1)]
+    assert os.listdir(host.tmp / "state") == before
+    monkeypatch.undo()
+    c.shutdown()
+
+
+def test_requests_cost_does_not_grow_with_the_number_of_targets(tmp_path: Path) -> None:
+    """Setting targets one by one writes one log line each, and the fleet is rebuilt once
+    per tick, not once per request."""
+    host = Host(tmp_path)
+    names = [f"docker/c{i:04d}" for i in range(300)]
+    for name in names:
+        make_cgroup(host.mount, name)
+    c = host.controller()
+    for name in names:
+        c.set_target(name, 0.1, "mean", False)
+    log = (tmp_path / "state" / "state.log").read_bytes().splitlines()
+    snapshot = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert len(log) + len(snapshot["targets"]) >= len(names)  # compacted now and then
+    assert len(c.fleet) == 0  # not yet rebuilt
+    c.tick(time.monotonic())
+    assert len(c.fleet) == len(names)
+    c.shutdown()
+    assert StateStore(tmp_path / "state").load().keys() == set(names)
