@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from dqoes_cg.actuator import parse_cpu_max
 from dqoes_cg.cgroup import resolve
