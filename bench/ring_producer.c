@@ -18,7 +18,8 @@ struct job {
     uint64_t first, count, wall_ns;
 };
 
-static void *produce(void *arg) {
+static void *produce(void *arg)
+{
     struct job *j = (struct job *)arg;
     uint64_t start = dqoes_probe_now_ns();
     for (uint64_t k = 0; k < j->count; k++)
@@ -27,7 +28,8 @@ static void *produce(void *arg) {
     return NULL;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     struct job jobs[64];
     pthread_t threads[64];
     struct dqoes_probe *probe;

@@ -22,12 +22,12 @@
 /* cpu.stat is about 250 bytes on current kernels; a full buffer means we may have lost
  * its end, which is reported as malformed rather than parsed. */
 #define STAT_BUF 4096
-#define MAX_BUF 64
+#define MAX_BUF  64
 
 struct dq_cgentry {
     int stat_fd; /* >= 0: open descriptor; < 0: -errno of the failed open */
     int max_fd;
-    int err;     /* errno behind the last non-OK status */
+    int err; /* errno behind the last non-OK status */
 };
 
 struct dq_cgtable {
@@ -324,9 +324,9 @@ size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t 
         } else {
             /* Someone else's value in place of ours is a foreign write, even when ours is
              * about to replace it: the reconcile would never see it. */
-            foreign[i] = last_period_usec[i] != 0 &&
-                         holds(e, last_quota_usec[i], last_period_usec[i], &found_quota_usec[i],
-                               &found_period_usec[i]) == 0;
+            foreign[i] =
+                last_period_usec[i] != 0 && holds(e, last_quota_usec[i], last_period_usec[i],
+                                                  &found_quota_usec[i], &found_period_usec[i]) == 0;
             if ((err = write_cpu_max(e->max_fd, quota, period)) == 0) {
                 last_quota_usec[i] = quota;
                 last_period_usec[i] = period;

@@ -13,10 +13,10 @@
 #include <stdint.h>
 
 /* Per-entry status. */
-#define DQ_CG_OK 0        /* done (for apply: written, or already holding that value) */
-#define DQ_CG_GONE 1      /* the cgroup (or its file) no longer exists */
+#define DQ_CG_OK        0 /* done (for apply: written, or already holding that value) */
+#define DQ_CG_GONE      1 /* the cgroup (or its file) no longer exists */
 #define DQ_CG_MALFORMED 2 /* the file's content could not be parsed */
-#define DQ_CG_ERROR 3     /* any other failure; dq_cgtable_errno() tells which */
+#define DQ_CG_ERROR     3 /* any other failure; dq_cgtable_errno() tells which */
 
 typedef struct dq_cgtable dq_cgtable;
 

@@ -203,6 +203,19 @@ def resolve(name: str, mount: Path | None = None, *, proc: Path = PROC,
     return found
 
 
+def check_name(name: str) -> None:
+    """InvalidName unless `name` has the form of a name `resolve` could ever find."""
+    if not name or "\0" in name or len(name) > 4096 or name in (".", ".."):
+        raise InvalidName(f"{name[:64]!r} is not a cgroup, container, unit or PID name")
+
+
+def needs_walk(name: str) -> bool:
+    """Whether resolving `name` walks the cgroup tree (a container or unit name), rather
+    than looking at one path (a cgroup path or a PID)."""
+    return "/" not in name and not (name.isascii() and name.isdigit()
+                                    and len(name) <= MAX_PID_DIGITS)
+
+
 def resolve_many(names: list[str], mount: Path, *, proc: Path = PROC,
                  docker_root: Path = DOCKER_ROOT, max_depth: int = MAX_DEPTH,
                  max_cgroups: int = MAX_CGROUPS) -> dict[str, Resolved | CgroupError]:
@@ -212,11 +225,10 @@ def resolve_many(names: list[str], mount: Path, *, proc: Path = PROC,
     tree: list[PurePosixPath] | CgroupError | None = None
     for name in names:
         try:
-            if not name or "\0" in name or len(name) > 4096 or name in (".", ".."):
-                raise InvalidName(f"{name[:64]!r} is not a cgroup, container, unit or PID name")
+            check_name(name)
             if "/" in name:
                 found[name] = _resolve_path(name, mount)
-            elif name.isascii() and name.isdigit() and len(name) <= MAX_PID_DIGITS:
+            elif not needs_walk(name):
                 found[name] = _resolve_pid(name, mount, proc)
             else:
                 if tree is None:

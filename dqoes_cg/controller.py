@@ -28,7 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from .actuator import Actuator
-from .cgroup import find_cgroup2_mount, require_cpu_on_mount, resolve_many
+from .cgroup import (
+    CgroupError,
+    InvalidName,
+    check_name,
+    find_cgroup2_mount,
+    needs_walk,
+    require_cpu_on_mount,
+    resolve_many,
+)
 from .cgtable import CgroupTable
 from .config import Config
 from .fleet import Fleet
@@ -164,10 +172,23 @@ class Controller:
             if name in self.fleet.slot:
                 self.fleet.set_target(name, target.target_s, target.metric)
         else:
-            target = self.targets.add(name, target_s, metric, self._resolve([name])[name],
-                                      pending, source, lambda: self._ensure_ring(name))
+            # A pending container or unit name is looked for by the binder, with all the
+            # others, at its next walk of the tree: a request costs the same whatever the
+            # number of targets and cgroups.
+            found = self._look_later(name) if pending and needs_walk(name) else \
+                self._resolve([name])[name]
+            target = self.targets.add(name, target_s, metric, found, pending, source,
+                                      lambda: self._ensure_ring(name))
         self.policy.reset()
         return self.describe(name)
+
+    @staticmethod
+    def _look_later(name: str) -> CgroupError:
+        try:
+            check_name(name)
+        except InvalidName as e:
+            return e
+        return CgroupError("looking for it")
 
     def unset_target(self, name: str) -> str | None:
         """Remove a target; returns the cpu.max given back (None: never written)."""

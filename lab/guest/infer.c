@@ -15,21 +15,24 @@
 static volatile uint64_t sink;
 
 /* One work unit: a short chain of dependent multiply-adds that no compiler can skip. */
-static void work(uint64_t units) {
+static void work(uint64_t units)
+{
     uint64_t x = sink | 1;
     for (uint64_t i = 0; i < units * 1000; i++)
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
     sink = x;
 }
 
-static uint64_t cpu_ns(void) {
+static uint64_t cpu_ns(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
 /* CPU time, not wall time: the answer holds however busy the machine is. */
-static uint64_t calibrate(double ms) {
+static uint64_t calibrate(double ms)
+{
     uint64_t units = 1, spent;
     for (;;) {
         uint64_t start = cpu_ns();
@@ -42,7 +45,8 @@ static uint64_t calibrate(double ms) {
     return (uint64_t)(ms * 1e6 * (double)units / (double)spent) + 1;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     if (argc == 3 && strcmp(argv[1], "--calibrate") == 0) {
         printf("%llu\n", (unsigned long long)calibrate(atof(argv[2])));
         return 0;
