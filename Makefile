@@ -1,29 +1,37 @@
-# dqoes-cg: set-up, demo, tests and installation. Every target works on a fresh Debian 12 machine.
+# dqoes-cg: set-up, demo, tests and installation. Every target works on a fresh Debian 12 machine,
+# from a checkout anywhere (make -C DIR, or make -f DIR/Makefile).
 PYTHON ?= python3
 PREFIX ?= /usr/local
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+C_SOURCES = $(wildcard $(ROOT)/csrc/*.[ch] $(ROOT)/lab/guest/*.c $(ROOT)/bench/*.c)
 
-.PHONY: deps demo test install install-package install-unit uninstall
+.PHONY: deps demo test lint install install-package install-unit uninstall
 
 # System packages for the real-kernel guest, then the package itself (editable) with its extras.
 deps:
-	bash lab/guest/install-deps
-	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench,lab]'
+	bash $(ROOT)/lab/guest/install-deps
+	cd $(ROOT) && $(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench,lab]'
 
 # The demo runs here if this host has cgroup v2 with the cpu controller, else in a qemu guest
 # with a real kernel (lab/guest), which may write only to DEMO_OUT.
-DEMO_OUT ?= demo-output
+DEMO_OUT ?= $(ROOT)/demo-output
 demo: deps
 	@mkdir -p $(DEMO_OUT)
-	@redraw=$$([ -t 1 ] && echo --redraw); \
+	@cd $(ROOT) && out=$$(realpath $(DEMO_OUT)) && redraw=$$([ -t 1 ] && echo --redraw); \
 	if $(PYTHON) -c 'from lab.cgroups import cgroup2_cpu_mount as m; exit(m() is None)'; then \
-		$(PYTHON) -m lab.demo --out $(DEMO_OUT) $$redraw; \
+		$(PYTHON) -m lab.demo --out $$out $$redraw; \
 	else \
 		echo "This host has no cgroup v2 cpu controller: the demo runs in a qemu guest (real Linux kernel, emulated CPUs; booting takes a few seconds)."; \
-		$(PYTHON) -m lab.guest --writable $(DEMO_OUT) -- $(PYTHON) -m lab.demo --out $(DEMO_OUT) $$redraw; \
+		$(PYTHON) -m lab.guest --writable $$out -- $(PYTHON) -m lab.demo --out $$out $$redraw; \
 	fi
 
-test: deps
-	$(PYTHON) -m pytest -q -rs
+# The Python linter and the C style (.clang-format), then every test.
+lint:
+	cd $(ROOT) && $(PYTHON) -m ruff check --quiet .
+	clang-format --style=file:$(ROOT)/.clang-format --dry-run --Werror $(C_SOURCES)
+
+test: deps lint
+	cd $(ROOT) && $(PYTHON) -m pytest -q -rs
 
 # --- dqoesd as a system service (run as root; see README, "Running it as a service") ------
 UNITDIR ?= /etc/systemd/system
@@ -31,7 +39,7 @@ STATEDIR ?= /var/lib/dqoes
 RUNDIR ?= /run/dqoes
 DEFAULTS ?= /etc/default/dqoesd
 # What pip installs: this checkout, or a wheel built elsewhere (`pip wheel .`).
-PACKAGE ?= .
+PACKAGE ?= $(ROOT)
 PIP_FLAGS ?=
 # Where pip puts the console scripts of $(PYTHON).
 SCRIPTS := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -53,11 +61,11 @@ install-package:
 
 install-unit:
 	install -d -m 0755 $(UNITDIR)
-	sed 's|^ExecStart=[^ ]*|ExecStart=$(SCRIPTS)/dqoesd|' systemd/dqoesd.service \
+	sed 's|^ExecStart=[^ ]*|ExecStart=$(SCRIPTS)/dqoesd|' $(ROOT)/systemd/dqoesd.service \
 	    > $(UNITDIR)/dqoesd.service.tmp
 	chmod 0644 $(UNITDIR)/dqoesd.service.tmp
 	mv $(UNITDIR)/dqoesd.service.tmp $(UNITDIR)/dqoesd.service
-	[ -e $(DEFAULTS) ] || install -m 0644 systemd/dqoesd.default $(DEFAULTS)
+	[ -e $(DEFAULTS) ] || install -m 0644 $(ROOT)/systemd/dqoesd.default $(DEFAULTS)
 
 # Stop the service (which gives every container its limit back) and remove what install
 # put in place; an options file that was edited is kept.
@@ -67,6 +75,6 @@ uninstall:
 	! $(SYSTEMD_RUNNING) || systemctl daemon-reload
 	for s in dqoesd dqoesctl; do \
 	    [ ! -L $(PREFIX)/bin/$$s ] || rm -f $(PREFIX)/bin/$$s; done
-	! cmp -s systemd/dqoesd.default $(DEFAULTS) || rm -f $(DEFAULTS)
+	! cmp -s $(ROOT)/systemd/dqoesd.default $(DEFAULTS) || rm -f $(DEFAULTS)
 	rm -rf $(STATEDIR) $(RUNDIR)
 	$(PYTHON) -m pip uninstall -q -y --root-user-action=ignore dqoes-cg

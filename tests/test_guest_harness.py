@@ -12,6 +12,7 @@ import pytest
 from lab.guest.elf import ELF_MAGIC, has_pvh_note
 from lab.guest.initramfs import module_load_order
 from lab.guest.kernel import find_kernel, vmlinux_path
+from lab.guest.vm import Share, mount_order
 
 
 def _cpu_stat(cgroup: Path) -> dict[str, int]:
@@ -72,3 +73,12 @@ def test_initramfs_modules_load_dependencies_first() -> None:
         if before in names:  # absent if built in
             assert names.index(before) < names.index(after)
     assert "overlay" in names or "overlay" in (kernel.modules / "modules.builtin").read_text()
+
+
+def test_a_writable_share_inside_the_job_directory_is_mounted_after_it() -> None:
+    """A checkout under /tmp is shared read-only at its path; the demo's output directory
+    inside it, writable, must be mounted after it, not hidden by it."""
+    out = Share("rw0", Path("/tmp/checkout/demo-output"), writable=True)
+    job = Share("workdir", Path("/tmp/checkout"))
+    ctl = Share("ctl", Path("/tmp/dqoes-guest-x"), writable=True)
+    assert mount_order([ctl, out, job]) == (ctl, job, out)

@@ -63,9 +63,13 @@ class Share:
             if any(c.isspace() or c in ",:" for c in text):
                 raise ValueError(f"9p share {text!r}: no whitespace, ',' or ':' allowed")
 
+    @property
+    def mount_point(self) -> Path:
+        return self.guest_path or self.host_path
+
     def cmdline(self) -> str:
         mode, cache = ("rw", "none") if self.writable else ("ro", "loose")
-        return f"dqoes.share={self.tag}:{self.guest_path or self.host_path}:{mode}:{cache}"
+        return f"dqoes.share={self.tag}:{self.mount_point}:{mode}:{cache}"
 
     def qemu_args(self) -> list[str]:
         readonly = "" if self.writable else ",readonly=on"
@@ -270,9 +274,10 @@ class Guest:
     @property
     def shares(self) -> tuple[Share, ...]:
         """The control share, the configured extra shares, and the job's directory if the
-        guest's own mounts would hide it."""
-        return (Share("ctl", self.ctl_dir, writable=True), *self.config.shares,
-                *self._workdir_share)
+        guest's own mounts would hide it; parents before children, which the guest mounts in
+        this order (a writable share inside the job's directory stays visible)."""
+        return mount_order((Share("ctl", self.ctl_dir, writable=True), *self.config.shares,
+                            *self._workdir_share))
 
     def console_tail(self, lines: int = 40) -> str:
         """The last lines of the guest console and of qemu's own messages."""
@@ -331,6 +336,11 @@ def kernel_hz(kernel: Kernel) -> int:
         if line.startswith("CONFIG_HZ="):
             return int(line.partition("=")[2])
     return 250  # Debian's amd64 default
+
+
+def mount_order(shares: Sequence[Share]) -> tuple[Share, ...]:
+    """`shares` in the order the guest mounts them: a parent before what lies inside it."""
+    return tuple(sorted(shares, key=lambda s: len(s.mount_point.parts)))
 
 
 def kernel_cmdline(config: GuestConfig, shares: Sequence[Share], ctl_dir: Path) -> str:
