@@ -56,7 +56,7 @@ def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
 
         # Within a couple of rounds every worker has a limit of the daemon's (even share).
         _wait_for(lambda: all(bed.cpu_max(n) != "max 100000" and bed.cpu_max(n)
-                              != CUSTOM_ORIGINAL for n in targets), 30, "first limits")
+                              != CUSTOM_ORIGINAL for n in targets), 180, "first limits")
 
         # The satisfied count rises from 0 (even share: two in B, two in G) to all four;
         # one may flicker out of S at a given moment on a noisy emulated CPU.
@@ -96,11 +96,12 @@ def test_reconcile_gone_and_rebind(tmp_path: Path) -> None:
         bed.add_worker("w2", "tiny", target_s=10.0, metric="mean")  # far above: G
         _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 30, "a limit on w2")
 
-        # Someone else rewrites the limit: the daemon puts its own back and says so.
+        # Someone else rewrites the limit: the daemon puts its own back and says so, whether
+        # its read-back or its next write of a new limit finds the foreign value first.
         (bed.root / "w2" / "cpu.max").write_text("max 100000")
-        _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 10, "the limit written back")
+        _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 30, "the limit written back")
         assert "changed to 'max 100000' by someone else" in bed.daemon_log.read_text()
-        assert bed.status().host.reconcile_corrections >= 1
+        assert bed.status().host.foreign_writes >= 1
 
         # The cgroup goes away: the target goes back to pending, and binds again when a
         # cgroup of that name comes back.

@@ -214,7 +214,7 @@ def test_the_watchdog_restarts_a_hung_loop(service: Service, docker: Docker,
     # The limits stayed in force, and the new daemon took its containers back.
     assert all(cpu_max(c)[0] > 0 for c in cgroups.values())
     rows = service.containers()
-    assert all(rows[n]["cgroup"] == str(cgroups[n]) for n in cgroups), rows
+    assert all(rows[n].cgroup == str(cgroups[n]) for n in cgroups), rows
 
 
 def test_stop_gives_every_limit_back_for_good(service: Service, docker: Docker,
