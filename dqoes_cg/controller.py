@@ -84,6 +84,7 @@ class Controller:
 
     def tick(self, now: float) -> None:
         self.counters.ticks += 1
+        self._follow_engine()  # first: a container that just started is sensed at once
         self._rebuild_if_changed(now)
         f = self.fleet
         if len(f) and f.sense(now):
@@ -144,10 +145,11 @@ class Controller:
             log.error("cannot record that %d cgroup(s) went away: %s", len(gone), e)
 
     def _rebind(self, now: float) -> None:
-        self._follow_engine()
         if now >= self._next_rebind:
             self._next_rebind = now + self.cfg.rebind_interval
-            self.binder.ask(self.targets.pending())
+            # the engine's targets are bound by what the watcher sees, not by name
+            self.binder.ask([n for n in self.targets.pending()
+                             if self.targets.get(n).source not in ENGINE_SOURCES])
         found = self.binder.answers()
         if found:
             try:

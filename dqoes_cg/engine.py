@@ -221,8 +221,8 @@ class EventStream:
         while True:
             try:
                 line = self._reply.readline(MAX_EVENT + 1)
-            except (OSError, ValueError, http.client.HTTPException):
-                return
+            except (OSError, ValueError, AttributeError, http.client.HTTPException):
+                return  # AttributeError: http.client, when `close` came first
             if not line:
                 return
             if len(line) > MAX_EVENT:
