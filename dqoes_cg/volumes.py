@@ -252,6 +252,8 @@ class VolumeDriver:
             raise VolumeError(f"volume {name} is mounted by another container: each "
                               f"container needs a {DRIVER} volume of its own (leave out "
                               "the source: an anonymous volume)")
+        with contextlib.suppress(FileNotFoundError):  # re-created while it was unmounted
+            (path / RING_FILE).unlink()
         self.mounts.mount(path, self.size)
         try:
             create_ring(path / RING_FILE, self.capacity)
