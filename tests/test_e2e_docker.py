@@ -72,6 +72,7 @@ def service(built: Artifacts) -> Iterator[Service]:
     service.install(built.wheel)
     service.configure(OPTIONS, WATCHDOG_S)
     sh("systemctl", "start", service.name, timeout=300)
+    print(sh("systemd-analyze", "security", service.name).splitlines()[-1])
     yield service
     subprocess.run([DOCKER, "swarm", "leave", "--force"], capture_output=True, timeout=300)
     names = sh(DOCKER, "ps", "-aq").split()
@@ -229,7 +230,11 @@ def test_dockerd_restarted_mid_run(service: Service, docker: Docker, units: int)
 
     def back() -> ContainerStatus | None:
         row = measured_and_limited(service, "lab-r")
-        return row if row is not None and row.cgroup == str(docker.cgroup("lab-r")) else None
+        try:
+            cgroup = str(docker.cgroup("lab-r"))
+        except Exception:  # restarting: no process yet
+            return None
+        return row if row is not None and row.cgroup == cgroup else None
 
     again = wait_for(back, 240, "lab-r bound again, measured through its new ring",
                      lambda: explain(service))

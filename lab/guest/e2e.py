@@ -31,6 +31,7 @@ T = TypeVar("T")
 DOCKER = "/usr/bin/docker"  # Debian's client, of the engine's version
 IMAGE = "dqoes-infer:e2e"
 BUSYBOX = "/bin/busybox"  # static (busybox-static): a shell in the image, for the tests
+APPLETS = ("sh", "ls", "cat", "dd", "df", "tail", "sleep", "touch")
 VOLUME = "type=volume,volume-driver=dqoes,dst=/run/dqoes"  # a ring of its own (README)
 RUN_DIR = Path("/run/dqoes")
 SOCKET = RUN_DIR / "dqoes.sock"
@@ -151,9 +152,10 @@ class Docker:
         with tarfile.open(fileobj=data, mode="w") as tar:
             tar.add(infer, arcname="infer")
             tar.add(BUSYBOX, arcname="bin/busybox")
-            link = tarfile.TarInfo("bin/sh")
-            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(link)
+            for applet in APPLETS:
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(link)
         subprocess.run([DOCKER, "import", "-", IMAGE], input=data.getvalue(), check=True,
                        capture_output=True, timeout=300)
 
