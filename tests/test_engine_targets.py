@@ -136,3 +136,25 @@ def test_a_container_not_yet_in_its_cgroup_waits(host: Host) -> None:
     c.tick(time.monotonic())
     assert c.listings()[0].state == "bound"
     c.shutdown()
+
+
+def test_service_labels_pushed_through_the_control_api(host: Host) -> None:
+    from dqoes_cg import api
+    from dqoes_cg.control import Peer, RequestError
+
+    w = StubWatcher()
+    c = controller(host, w)
+    root = Peer(1, 0, 0)
+    api.handle(c, "service-labels", {"service_id": "abc123", "labels": {"dqoes.target": "1s"}},
+               root)
+    api.handle(c, "service-labels", {"service_id": "abc123", "labels": None}, root)
+    assert w.pushed == [("abc123", {"dqoes.target": "1s"}), ("abc123", None)]
+    for bad in ({"service_id": "../x", "labels": None}, {"service_id": "a", "labels": [1]},
+                {"service_id": "a", "labels": {"k": 1}}):
+        with pytest.raises(RequestError):
+            api.handle(c, "service-labels", bad, root)
+    assert api.OPERATIONS["service-labels"].write
+    c.watcher = None
+    with pytest.raises(RequestError, match="follows no container engine"):
+        api.handle(c, "service-labels", {"service_id": "a", "labels": None}, root)
+    c.shutdown()
