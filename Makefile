@@ -38,6 +38,8 @@ UNITDIR ?= /etc/systemd/system
 STATEDIR ?= /var/lib/dqoes
 RUNDIR ?= /run/dqoes
 DEFAULTS ?= /etc/default/dqoesd
+# Where Docker finds the dqoes volume driver (dqoesd serves it on $(RUNDIR)/plugin.sock).
+DOCKER_PLUGINS ?= /etc/docker/plugins
 # What pip installs: this checkout, or a wheel built elsewhere (`pip wheel .`).
 PACKAGE ?= $(ROOT)
 PIP_FLAGS ?=
@@ -46,7 +48,8 @@ SCRIPTS := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scr
 SYSTEMD_RUNNING = test -d /run/systemd/system
 
 # The package for $(PYTHON), dqoesd and dqoesctl on $(PREFIX)/bin, the state directory, the
-# unit (ExecStart: the installed dqoesd) and its options file; systemd creates $(RUNDIR).
+# unit (ExecStart: the installed dqoesd), its options file and Docker's spec file of the
+# volume driver; systemd creates $(RUNDIR).
 install: install-package install-unit
 	! $(SYSTEMD_RUNNING) || systemctl daemon-reload
 	@echo "dqoesd installed: systemctl enable --now dqoesd; options in $(DEFAULTS)"
@@ -66,6 +69,8 @@ install-unit:
 	chmod 0644 $(UNITDIR)/dqoesd.service.tmp
 	mv $(UNITDIR)/dqoesd.service.tmp $(UNITDIR)/dqoesd.service
 	[ -e $(DEFAULTS) ] || install -m 0644 $(ROOT)/systemd/dqoesd.default $(DEFAULTS)
+	install -d -m 0755 $(DOCKER_PLUGINS)
+	echo "unix://$(RUNDIR)/plugin.sock" > $(DOCKER_PLUGINS)/dqoes.spec
 
 # Stop the service (which gives every container its limit back) and remove what install
 # put in place; an options file that was edited is kept.
@@ -76,5 +81,7 @@ uninstall:
 	for s in dqoesd dqoesctl; do \
 	    [ ! -L $(PREFIX)/bin/$$s ] || rm -f $(PREFIX)/bin/$$s; done
 	! cmp -s $(ROOT)/systemd/dqoesd.default $(DEFAULTS) || rm -f $(DEFAULTS)
-	rm -rf $(STATEDIR) $(RUNDIR)
+	rm -f $(DOCKER_PLUGINS)/dqoes.spec
+	# not into the ring volumes of containers still running (tmpfs mounts of their own)
+	rm -rf --one-file-system $(STATEDIR) $(RUNDIR)
 	$(PYTHON) -m pip uninstall -q -y --root-user-action=ignore dqoes-cg

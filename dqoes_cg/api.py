@@ -5,6 +5,9 @@ which need write permission. Domain errors become one-line protocol errors here.
     unset-target  container
     list
     status        container (optional)
+    service-labels  service_id, labels (an object of strings, or null to forget them): a
+                  Swarm service's labels, for its tasks on this node (from a cluster
+                  component, where this node's engine cannot list services)
 """
 
 from __future__ import annotations
@@ -58,11 +61,25 @@ def _status(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
     return c.status(None if only is None else _name(only)).to_json()
 
 
+def _service_labels(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+    sid, labels = req.get("service_id"), req.get("labels")
+    if not isinstance(sid, str) or not 0 < len(sid) <= MAX_NAME or not sid.isalnum():
+        raise RequestError("service_id must be a service's ID")
+    if labels is not None and not (isinstance(labels, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items())):
+        raise RequestError("labels must be an object of strings, or null")
+    c.push_service_labels(sid, labels)
+    log.info("service %s: labels %s by uid %d", sid[:12],
+             "forgotten" if labels is None else "set", peer.uid)
+    return {"service_id": sid}
+
+
 OPERATIONS: dict[str, Operation] = {
     "set-target": Operation(True, _set_target),
     "unset-target": Operation(True, _unset_target),
     "list": Operation(False, _list),
     "status": Operation(False, _status),
+    "service-labels": Operation(True, _service_labels),
 }
 WRITE_OPS = frozenset(op for op, o in OPERATIONS.items() if o.write)
 

@@ -5,25 +5,28 @@ A name is, in this order of recognition:
   - a cgroup path (it contains a "/"): relative to the mount, or absolute under it;
   - a PID (up to 7 digits, pid_max's limit), through /proc/PID/cgroup;
   - a systemd unit of the system manager (ends in .service, .scope or .slice);
-  - a container: its full ID, its Docker name (from Docker's own state on disk), or a
-    unique ID prefix, found in the cgroup tree under the usual layouts of Docker (systemd
-    and cgroupfs drivers), Podman, and Kubernetes under containerd or CRI-O.
-Every function takes the roots it reads (mount, /proc, Docker's root) as parameters, so
-that it can be tested on a fake tree.
+  - a container: its full ID, its name in a container runtime (Docker or Podman, asked
+    through their APIs: `Runtime`), or a unique ID prefix, found in the cgroup tree under
+    the usual layouts of Docker (systemd and cgroupfs drivers), Podman, and Kubernetes
+    under containerd or CRI-O;
+  - a Kubernetes container, NAMESPACE/POD/CONTAINER (when no cgroup has that path), found
+    by the kubelet's log links (/var/log/containers/POD_NAMESPACE_CONTAINER-ID.log).
+Every function takes the roots it reads (mount, /proc, the kubelet's log links) as
+parameters, so that it can be tested on a fake tree.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 PROC = Path("/proc")
-DOCKER_ROOT = Path("/var/lib/docker")
+KUBE_LOGS = Path("/var/log/containers")
 SYSFS_CGROUP = Path("/sys/fs/cgroup")
 
 MAX_DEPTH = 10
@@ -31,7 +34,7 @@ MAX_DEPTH = 10
 MAX_CGROUPS = 50_000
 """Most cgroups searched before giving up on a name; real hosts hold a few thousand."""
 MAX_PID_DIGITS = 7  # pid_max is at most 2**22
-MAX_CONFIG_BYTES = 4 << 20  # Docker's config.v2.json; a few KB in practice
+MAX_KUBE_LOGS = 50_000  # log links read from the kubelet's directory
 MAX_LISTED = 8  # candidates named in an error message
 
 UNIT_SUFFIXES = (".service", ".scope", ".slice")
@@ -66,6 +69,15 @@ _LAYOUTS = (
     (re.compile(rf"(?:cri-containerd|crio)-({_ID})\.scope"), Kind.CRI),
     (re.compile(rf"({_ID})"), None),
 )
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A container runtime that knows its containers by name: `find` gives the ID of the
+    container of that name, None if it has none, CgroupError if it cannot be asked."""
+
+    name: str  # for messages: "Docker (API at /run/docker.sock)"
+    find: Callable[[str], str | None]
 
 
 @dataclass(frozen=True)
@@ -192,11 +204,11 @@ def require_cpu_controller(cgroup: Path, mount: Path, mountinfo: Path = MOUNTINF
 
 
 def resolve(name: str, mount: Path | None = None, *, proc: Path = PROC,
-            docker_root: Path = DOCKER_ROOT, max_depth: int = MAX_DEPTH,
-            max_cgroups: int = MAX_CGROUPS) -> Resolved:
+            runtimes: Sequence[Runtime] = (), kube_logs: Path = KUBE_LOGS,
+            max_depth: int = MAX_DEPTH, max_cgroups: int = MAX_CGROUPS) -> Resolved:
     """Resolves `name` (see the module's docstring) to an existing cgroup directory."""
     found = resolve_many([name], mount or find_cgroup2_mount(), proc=proc,
-                         docker_root=docker_root, max_depth=max_depth,
+                         runtimes=runtimes, kube_logs=kube_logs, max_depth=max_depth,
                          max_cgroups=max_cgroups)[name]
     if isinstance(found, CgroupError):
         raise found
@@ -217,29 +229,44 @@ def needs_walk(name: str) -> bool:
 
 
 def resolve_many(names: list[str], mount: Path, *, proc: Path = PROC,
-                 docker_root: Path = DOCKER_ROOT, max_depth: int = MAX_DEPTH,
-                 max_cgroups: int = MAX_CGROUPS) -> dict[str, Resolved | CgroupError]:
+                 runtimes: Sequence[Runtime] = (), kube_logs: Path = KUBE_LOGS,
+                 max_depth: int = MAX_DEPTH, max_cgroups: int = MAX_CGROUPS
+                 ) -> dict[str, Resolved | CgroupError]:
     """`resolve` for many names at once, with one walk of the cgroup tree for all those
     that need one: each name's Resolved, or the CgroupError it would raise."""
     found: dict[str, Resolved | CgroupError] = {}
     tree: list[PurePosixPath] | CgroupError | None = None
+
+    def walked() -> list[PurePosixPath]:
+        nonlocal tree
+        if tree is None:
+            try:
+                tree = _walk(mount, max_depth, max_cgroups)
+            except CgroupError as e:
+                tree = e
+        if isinstance(tree, CgroupError):
+            raise tree
+        return tree
+
     for name in names:
         try:
             check_name(name)
             if "/" in name:
-                found[name] = _resolve_path(name, mount)
+                try:
+                    found[name] = _resolve_path(name, mount)
+                except InvalidName:
+                    raise
+                except CgroupError as e:
+                    kube = _kube_name(name)
+                    if kube is None:
+                        raise
+                    found[name] = _resolve_kube(name, kube, mount, walked(), kube_logs, e)
             elif not needs_walk(name):
                 found[name] = _resolve_pid(name, mount, proc)
+            elif name.endswith(UNIT_SUFFIXES):
+                found[name] = _resolve_unit(name, mount, walked())
             else:
-                if tree is None:
-                    try:
-                        tree = _walk(mount, max_depth, max_cgroups)
-                    except CgroupError as e:
-                        tree = e
-                if isinstance(tree, CgroupError):
-                    raise tree
-                found[name] = (_resolve_unit(name, mount, tree) if name.endswith(UNIT_SUFFIXES)
-                               else _resolve_container(name, mount, tree, docker_root))
+                found[name] = _resolve_container(name, mount, walked(), runtimes)
         except CgroupError as e:
             found[name] = e
     return found
@@ -353,30 +380,37 @@ def _container_in(rel: PurePosixPath) -> _Container | None:
 
 
 def _resolve_container(name: str, mount: Path, tree: list[PurePosixPath],
-                       docker_root: Path) -> Resolved:
+                       runtimes: Sequence[Runtime]) -> Resolved:
     containers = [c for c in map(_container_in, tree) if c]
     matches = [c for c in containers if c.id == name]
     display = None
-    if not matches:
-        docker_id = _docker_id_by_name(name, docker_root)
-        if docker_id:
-            matches = [c for c in containers if c.id == docker_id]
-            if not matches:
-                raise CgroupError(f"Docker container {name!r} ({docker_id[:12]}) has no "
-                                  f"cgroup under {mount}: is it running?")
-            display = name
+    searched = []
+    for runtime in () if matches else runtimes:
+        try:
+            cid = runtime.find(name)
+        except CgroupError as e:
+            searched.append(f"{runtime.name}: {e}")
+            continue
+        if cid is None:
+            searched.append(f"{runtime.name}: none of that name")
+            continue
+        matches = [c for c in containers if c.id == cid]
+        if not matches:
+            raise CgroupError(f"{runtime.name.split(' ')[0]} container {name!r} ({cid[:12]}) "
+                              f"has no cgroup under {mount}: is it running?")
+        display = name
+        break
     if not matches and _HEX.fullmatch(name):
         matches = [c for c in containers if c.id.startswith(name)]
     if len(matches) > 1:
         raise CgroupError(f"{name!r} is ambiguous: it matches " + _listing(matches))
     if not matches:
         known = _listing(containers) if containers else "none found"
-        raise CgroupError(f"no container, unit or PID named {name!r} (containers: {known}; "
-                          "name a cgroup path with a '/')")
+        where = "; ".join(["IDs in the cgroup tree", *searched])
+        raise CgroupError(f"no container, unit or PID named {name!r} (searched: {where}; "
+                          f"containers: {known}; name a cgroup path with a '/')")
     c = matches[0]
-    if display is None:
-        display = (c.kind == Kind.DOCKER and _docker_name(c.id, docker_root)) or c.id[:12]
-    return Resolved(mount / c.rel, display, c.kind, unit=systemd_unit(c.rel),
+    return Resolved(mount / c.rel, display or c.id[:12], c.kind, unit=systemd_unit(c.rel),
                     container_id=c.id)
 
 
@@ -386,33 +420,47 @@ def _listing(items: list) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-# --- Docker's own state: <root>/containers/<id>/config.v2.json, "Name": "/<name>" ---------
+# --- Kubernetes: the kubelet's links /var/log/containers/POD_NAMESPACE_CONTAINER-ID.log ----
+
+_KUBE_PART = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+_KUBE_LOG = re.compile(rf"([^_]+)_([^_]+)_(.+)-({_ID})\.log")
 
 
-def _docker_name(container_id: str, docker_root: Path, hint: bytes = b"") -> str | None:
-    """The container's name, or None when unreadable or (a cheap filter before parsing
-    JSON) when its config does not contain `hint`."""
+def _kube_name(name: str) -> tuple[str, str, str] | None:
+    """(namespace, pod, container) if `name` has that form."""
+    parts = name.split("/")
+    if len(parts) == 3 and all(_KUBE_PART.fullmatch(p) for p in parts):
+        return parts[0], parts[1], parts[2]
+    return None
+
+
+def kube_container_ids(namespace: str, pod: str, container: str, logs: Path) -> list[str]:
+    """The IDs of the containers the kubelet has log links for under that name (a container
+    restarted has several), from the names of the links alone."""
+    ids = []
     try:
-        with open(docker_root / "containers" / container_id / "config.v2.json", "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        with os.scandir(logs) as entries:
+            for k, entry in enumerate(entries):
+                if k >= MAX_KUBE_LOGS:
+                    break
+                m = _KUBE_LOG.fullmatch(entry.name)
+                if m and (m[1], m[2], m[3]) == (pod, namespace, container):
+                    ids.append(m[4])
     except OSError:
-        return None
-    if len(data) > MAX_CONFIG_BYTES or hint not in data:
-        return None
-    try:
-        config = json.loads(data)
-    except ValueError:
-        return None
-    name = config.get("Name") if isinstance(config, dict) else None
-    return name[1:] if isinstance(name, str) and name.startswith("/") else None
+        pass
+    return ids
 
 
-def _docker_id_by_name(name: str, docker_root: Path) -> str | None:
-    """The ID of the Docker container called `name`, or None."""
-    try:
-        with os.scandir(docker_root / "containers") as entries:
-            ids = [e.name for e in entries if re.fullmatch(_ID, e.name)][:MAX_CGROUPS]
-    except OSError:
-        return None
-    hint = json.dumps("/" + name).encode()  # Docker's names need no JSON escapes
-    return next((i for i in ids if _docker_name(i, docker_root, hint) == name), None)
+def _resolve_kube(name: str, kube: tuple[str, str, str], mount: Path,
+                  tree: list[PurePosixPath], logs: Path, not_a_path: CgroupError) -> Resolved:
+    ids = set(kube_container_ids(*kube, logs))
+    matches = [c for c in map(_container_in, tree) if c and c.id in ids]
+    if not matches:
+        why = (f"its container {sorted(ids)[0][:12]} has no cgroup: is it running?" if ids
+               else f"no log link in {logs}")
+        raise CgroupError(f"{not_a_path}; nor is it a Kubernetes container "
+                          f"(namespace/pod/container): {why}")
+    if len(matches) > 1:
+        raise CgroupError(f"{name!r} is ambiguous: it matches " + _listing(matches))
+    c = matches[0]
+    return Resolved(mount / c.rel, name, c.kind, unit=systemd_unit(c.rel), container_id=c.id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cgroup import DOCKER_ROOT
 from .cgtable import DEFAULT_PERIOD_USEC
 from .policy import DEFAULT_POLICY, PolicyParams
 from .ring import DEFAULT_CAPACITY
@@ -27,7 +26,6 @@ class Config:
     params: PolicyParams = field(default_factory=PolicyParams)
     period_usec: int = DEFAULT_PERIOD_USEC  # the cpu.max period of the limits written
     ring_capacity: int = DEFAULT_CAPACITY
-    docker_root: Path = DOCKER_ROOT
     rebind_interval: float = 2.0  # seconds between looks for pending containers
     # Seconds between read-backs of every cpu.max. Outside writers are rare (an operator, a
     # systemd daemon-reload), and a write of ours checks the value it replaces anyway: a

@@ -31,6 +31,7 @@ from .actuator import Actuator
 from .cgroup import (
     CgroupError,
     InvalidName,
+    Runtime,
     check_name,
     find_cgroup2_mount,
     needs_walk,
@@ -42,10 +43,11 @@ from .config import Config
 from .fleet import Fleet
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
-from .state import StateError, StateStore
-from .status import Counters, Listing, Status, build, listing
+from .state import ENGINE_SOURCES, StateError, StateStore
+from .status import Counters, Listing, Status, build, listing, refused
 from .systemd_units import UnitLimiter
 from .targets import Binder, ResolveMany, TargetError, Targets
+from .watcher import Seen, Watcher
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 class Controller:
     def __init__(self, cfg: Config, *, policy: Policy | None = None,
                  resolve: ResolveMany | None = None, limiter: UnitLimiter | None = None,
+                 watcher: Watcher | None = None, runtimes: tuple[Runtime, ...] = (),
                  threaded_binder: bool = True) -> None:
         self.cfg = cfg
         self.mount = cfg.mount or find_cgroup2_mount()
@@ -60,15 +63,17 @@ class Controller:
         self.cpus = cfg.cpus or float(os.cpu_count() or 1)
         self.policy = policy or make_policy(cfg.policy, cfg.params)
         self.limiter = limiter
-        self._resolve = resolve or partial(resolve_many, mount=self.mount,
-                                           docker_root=cfg.docker_root)
+        self.watcher = watcher
+        self._seen: dict[str, Seen] = {}  # the engine's containers that concern us, by ID
+        self._resolve = resolve or partial(resolve_many, mount=self.mount, runtimes=runtimes)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
         self.counters = Counters(interval=cfg.params.iv_initial)
         self._next_rebind = 0.0
         self.targets.readopt()
         for t in self.targets:
-            self._ensure_ring(t.name)
+            if t.ring is None:
+                self._ensure_ring(t.name)
         self.fleet: Fleet | None = None
         self.actuator: Actuator | None = None
         self._built = -1
@@ -79,6 +84,7 @@ class Controller:
 
     def tick(self, now: float) -> None:
         self.counters.ticks += 1
+        self._follow_engine()  # first: a container that just started is sensed at once
         self._rebuild_if_changed(now)
         f = self.fleet
         if len(f) and f.sense(now):
@@ -141,7 +147,9 @@ class Controller:
     def _rebind(self, now: float) -> None:
         if now >= self._next_rebind:
             self._next_rebind = now + self.cfg.rebind_interval
-            self.binder.ask(self.targets.pending())
+            # the engine's targets are bound by what the watcher sees, not by name
+            self.binder.ask([n for n in self.targets.pending()
+                             if self.targets.get(n).source not in ENGINE_SOURCES])
         found = self.binder.answers()
         if found:
             try:
@@ -150,6 +158,9 @@ class Controller:
                 log.error("cannot record new bindings: %s", e)
 
     def ring(self, name: str) -> Path:
+        target = self.targets.find(name)
+        if target is not None and target.ring is not None:
+            return Path(target.ring)
         return ring_path(self.cfg.run_dir, ring_dir_name(name))
 
     def _ensure_ring(self, name: str) -> Path:
@@ -160,6 +171,91 @@ class Controller:
             except OSError as e:
                 raise TargetError(f"cannot create the ring for {name}: {e}") from None
         return path
+
+    # --- targets from the container engine's labels -------------------------------------
+
+    def _follow_engine(self) -> None:
+        """Apply what the watcher saw change: targets of containers with labels come,
+        change and go with them (a target set by dqoesctl on the same name wins)."""
+        changes = self.watcher.take() if self.watcher is not None else None
+        if changes is None:
+            return
+        if changes.listed:  # whatever the listing does not name is gone
+            for cid in set(self._seen) - set(changes.seen):
+                changes.seen[cid] = None
+        for cid, seen in changes.seen.items():
+            old = self._seen.pop(cid, None)
+            try:
+                if old is not None and (seen is None or seen.name != old.name):
+                    self._drop_engine_target(old.name, "its container stopped" if seen is None
+                                             else f"its container is now {seen.name}")
+                if seen is not None:
+                    self._seen[cid] = seen
+                    self._follow_seen(seen, old)
+            except (TargetError, StateError) as e:
+                log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
+        if changes.listed:  # targets of a previous run whose containers are gone
+            names = {s.name for s in self._seen.values()}
+            for t in list(self.targets):
+                if t.source in ENGINE_SOURCES and t.name not in names:
+                    self._drop_engine_target(t.name, "its container is gone")
+
+    def _follow_seen(self, seen: Seen, old: Seen | None = None) -> None:
+        name, ring = seen.name, None if seen.ring is None else str(seen.ring)
+        current = self.targets.find(name)
+        if current is not None and current.source not in ENGINE_SOURCES:
+            if ring is not None and current.ring != ring:  # dqoesctl's target, its own ring
+                self._drop_engine_target(name, "", force=True)
+                self._add_engine_target(seen, current.target_s, current.metric, "cli", ring)
+            return
+        if seen.objective is None:
+            if seen.error and (old is None or old.error != seen.error):
+                log.warning("%s: labels refused, container left unmanaged: %s", name,
+                            seen.error)
+            if current is not None:
+                self._drop_engine_target(name, seen.error or "its labels name no target")
+            return
+        o = seen.objective
+        if current is not None and current.ring != ring:
+            self._drop_engine_target(name, "its ring moved")
+            current = None
+        if current is None:
+            self._add_engine_target(seen, o.target_s, o.metric, seen.source, ring)
+            log.info("%s: target %.6g s (%s) from %s", name, o.target_s, o.metric,
+                     "its service's labels" if seen.source == "service" else "its labels")
+        elif (current.target_s, current.metric, current.source) != (o.target_s, o.metric,
+                                                                   seen.source):
+            self.targets.change(name, o.target_s, o.metric, seen.source)
+            if name in self.fleet.slot:
+                self.fleet.set_target(name, o.target_s, o.metric)
+            self.policy.reset()
+            log.info("%s: target now %.6g s (%s) from %s", name, o.target_s, o.metric,
+                     "its service's labels" if seen.source == "service" else "its labels")
+        if current is not None and current.cgroup is None \
+                and not isinstance(seen.cgroup, CgroupError):
+            self.targets.bind({name: seen.cgroup})
+
+    def _add_engine_target(self, seen: Seen, target_s: float, metric: str, source: str,
+                           ring: str | None) -> None:
+        self.targets.add(seen.name, target_s, metric, seen.cgroup, True, source,
+                         (lambda: None) if ring else (lambda: self._ensure_ring(seen.name)),
+                         ring=ring)
+        self.policy.reset()
+
+    def _drop_engine_target(self, name: str, why: str, force: bool = False) -> None:
+        target = self.targets.find(name)
+        if target is None or not (force or target.source in ENGINE_SOURCES):
+            return
+        restored = self._unset(name)
+        if why:
+            log.info("%s: target removed (%s)%s", name, why,
+                     f"; cpu.max restored to '{restored}'" if restored else "")
+
+    def push_service_labels(self, service_id: str, labels: dict[str, str] | None) -> None:
+        """A Swarm service's labels, from whoever knows them (see watcher.py)."""
+        if self.watcher is None:
+            raise TargetError("dqoesd follows no container engine (--engine-socket)")
+        self.watcher.push_service_labels(service_id, labels)
 
     # --- requests ----------------------------------------------------------------------
 
@@ -191,20 +287,34 @@ class Controller:
         return CgroupError("looking for it")
 
     def unset_target(self, name: str) -> str | None:
-        """Remove a target; returns the cpu.max given back (None: never written)."""
-        self.targets.get(name)
+        """Remove a target set by dqoesctl; returns the cpu.max given back (None: never
+        written). A container's labels take over again if it has some."""
+        target = self.targets.get(name)
+        if target.source in ENGINE_SOURCES:
+            where = "its service's labels" if target.source == "service" else "its labels"
+            raise TargetError(f"the target of {name} comes from {where}: remove the label "
+                              "dqoes.target to unset it")
+        restored = self._unset(name)
+        for seen in list(self._seen.values()):
+            if seen.name == name:
+                self._follow_seen(seen)
+        return restored
+
+    def _unset(self, name: str) -> str | None:
         restored = None
         i = self.fleet.slot.get(name)
-        if i is not None:
+        if i is not None and self.fleet.table.dirs[i].is_dir():  # not a gone container
             mask = np.zeros(len(self.fleet), bool)
             mask[i] = True
             restored = self.actuator.restore(mask)[0]
+        own_ring = self.targets.get(name).ring is None
+        ring = self.ring(name)
         self.targets.unset(name)
         self.policy.reset()
-        ring = self.ring(name)
-        with contextlib.suppress(OSError):  # a container still has it open: harmless
-            ring.unlink()
-            ring.parent.rmdir()
+        if own_ring:  # a volume's ring is the volume driver's
+            with contextlib.suppress(OSError):  # a container still has it open: harmless
+                ring.unlink()
+                ring.parent.rmdir()
         return restored
 
     def describe(self, name: str) -> Listing:
@@ -212,7 +322,11 @@ class Controller:
         return listing(t, str(self.ring(name)), self.targets.reasons.get(name))
 
     def listings(self) -> list[Listing]:
-        return [self.describe(t.name) for t in self.targets]
+        invalid = [refused(s.name, s.source,
+                           s.cgroup.path.as_posix() if not isinstance(s.cgroup, CgroupError)
+                           else None, str(s.ring or self.ring(s.name)), s.error)
+                   for s in self._seen.values() if s.error and s.name not in self.targets]
+        return [self.describe(t.name) for t in self.targets] + invalid
 
     def status(self, only: str | None = None) -> Status:
         targets = [self.targets.get(only)] if only is not None else list(self.targets)

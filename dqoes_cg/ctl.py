@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -25,38 +24,13 @@ from typing import NoReturn
 from . import __version__
 from .config import DEFAULT_SOCKET
 from .control import DaemonUnavailable, RequestError, request
+from .duration import format_duration, parse_duration
 from .state import METRICS
 from .status import Listing, Status
 from .table import format_table
 
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 3
-_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*$")
-
-
-def parse_duration(text: str) -> float:
-    """'40ms' -> 0.04. A unit is required: a bare number is too easy to get wrong."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"bad duration {text!r}: use a number and a unit (250us, 40ms, 1.5s)")
-    seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if not seconds > 0:
-        raise ValueError(f"bad duration {text!r}: must be greater than zero")
-    return seconds
-
-
-def format_duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    magnitude = abs(seconds)
-    if magnitude >= 1:
-        return f"{seconds:.2f}s"
-    if magnitude >= 1e-3:
-        return f"{seconds * 1e3:.1f}ms"
-    return f"{seconds * 1e6:.0f}us"
-
-
 def _cores(value: float | None) -> str:
     return "max" if value is None else f"{value:.2f}"
 
@@ -88,8 +62,8 @@ def format_status(status: Status) -> str:
 
 def format_list(targets: list[Listing]) -> str:
     rows = [("CONTAINER", "TARGET", "METRIC", "STATE", "SOURCE", "CGROUP")]
-    rows += [(t.name, format_duration(t.target_s), t.metric, t.state, t.source,
-              t.cgroup or (f"- ({t.reason})" if t.reason else "-")) for t in targets]
+    rows += [(t.name, format_duration(t.target_s), t.metric or "-", t.state, t.source,
+              (t.cgroup or "-") + (f" ({t.reason})" if t.reason else "")) for t in targets]
     return format_table(rows)
 
 

@@ -26,6 +26,8 @@ from .cgroup import CgroupError
 from .config import Config
 from .control import ControlServer, Peer
 from .controller import Controller
+from .engine import DOCKER_SOCKET, PODMAN_SOCKET
+from .engines import Docker
 from .metrics import MetricsServer, parse_listen
 from .policy import POLICIES, PolicyParams
 from .sdnotify import Notifier
@@ -90,8 +92,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="ceiling of the listener's interval, seconds")
     p.add_argument("--ring-capacity", type=int, default=d.ring_capacity,
                    help="slots per ring (power of two)")
-    p.add_argument("--docker-root", type=Path, default=d.docker_root,
-                   help="Docker's data root, where container names are looked up")
+    p.add_argument("--engine-socket", type=Path, default=DOCKER_SOCKET,
+                   help="the container engine's API (Docker's, or Podman's compatible one) "
+                        "to follow for labelled containers and to serve the dqoes volume "
+                        "driver to; '' for none")
+    p.add_argument("--podman-socket", type=Path, default=PODMAN_SOCKET,
+                   help="Podman's API, asked for container names")
     p.add_argument("--group", default=None,
                    help="members of this group may change targets (root always may)")
     p.add_argument("--public-status", action="store_true",
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
         mount=args.cgroup_mount, cpus=args.cpus, policy=args.policy, params=params,
-        ring_capacity=args.ring_capacity, docker_root=args.docker_root)
+        ring_capacity=args.ring_capacity)
     notifier = Notifier()
     watchdog = notifier.watchdog_interval()
     if watchdog is not None and watchdog < cfg.sample_interval:
@@ -136,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
             return controller.status()
 
     metrics = None
+    docker = None
+    engine_socket = None if str(args.engine_socket) in ("", ".") else args.engine_socket
     try:
-        controller = Controller(cfg, limiter=limiter)
+        docker = Docker(cfg, engine_socket, args.podman_socket) if engine_socket else None
+        controller = Controller(cfg, limiter=limiter,
+                                watcher=docker.watcher if docker else None,
+                                runtimes=docker.runtimes if docker else ())
         server = ControlServer(args.socket or cfg.socket, handle,
                                {op: o.write for op, o in api.OPERATIONS.items()},
                                group=args.group, public_read=args.public_status)
@@ -146,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
             log.info("metrics at http://%s:%d/metrics", *metrics.address)
     except (CgroupError, OSError, KeyError, ValueError) as e:
         log.error("cannot start: %s", e)
+        if docker is not None:
+            docker.close()
         limiter.close()
         return 1
+    if docker is not None:
+        docker.start()
 
     stopping = threading.Event()
 
@@ -180,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         if metrics is not None:
             metrics.close()
         server.close()
+        if docker is not None:
+            docker.close()
         with lock:
             controller.shutdown()
         limiter.close()  # the restored limits of systemd units go out before we exit

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no log, no source, no cgroup identity
 METRICS = ("mean", "p50", "p90", "p95", "p99")
-SOURCES = ("cli", "label")
+SOURCES = ("cli", "label", "service")
+ENGINE_SOURCES = ("label", "service")  # targets that follow the container engine
 MAX_TARGET_S = 3600.0
 COMPACT_MIN_LINES = 256
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -53,10 +54,13 @@ class Target:
     name: str  # the container as the user named it; the key
     target_s: float  # QoE objective o_i, seconds
     metric: str  # which window statistic is p_i
-    source: str = "cli"  # who set it: dqoesctl ("cli") or the container's labels ("label")
+    # who set it: dqoesctl ("cli"), the container's labels ("label") or its Swarm service's
+    # ("service")
+    source: str = "cli"
     cgroup: str | None = None  # bound cgroup directory, None while pending
     cgroup_id: str | None = None  # "<boot id>:<inode>" of that directory
     original_max: str | None = None  # cpu.max before our first write; None: never written
+    ring: str | None = None  # its ring when not RUN_DIR/rings/<name>/ring: its volume's
 
 
 _TARGET_FIELDS = frozenset(f.name for f in fields(Target))
@@ -102,6 +106,8 @@ def _target(item: Any) -> Target:
     check_target(t.target_s, t.metric)
     if t.source not in SOURCES:
         raise ValueError(f"unknown source {t.source!r}")
+    if t.ring is not None and not (isinstance(t.ring, str) and t.ring.startswith("/")):
+        raise ValueError(f"not a ring path: {t.ring!r:.80}")
     return t
 
 

@@ -88,14 +88,14 @@ class Listing:
     """One target as `dqoesctl list` shows it."""
 
     name: str
-    target_s: float
-    metric: str
-    state: str  # bound or pending
+    target_s: float | None  # None: invalid (its labels are refused)
+    metric: str | None
+    state: str  # bound, pending, or invalid (a container whose labels are refused)
     cgroup: str | None
     ring: str
     ring_dir: str
     source: str = "cli"
-    reason: str | None = None
+    reason: str | None = None  # why it is pending or invalid
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +116,12 @@ class Counters:
     interval: float = 0.0
     totals: dict[str, float] = field(default_factory=dict)
     class_counts: list[int] = field(default_factory=lambda: [0] * len(Cls))
+
+
+def refused(name: str, source: str, cgroup: str | None, ring: str, reason: str) -> Listing:
+    """A container whose labels are refused: listed, not managed."""
+    return Listing(name, None, None, "invalid", cgroup, ring, ring.rsplit("/", 1)[0], source,
+                   reason)
 
 
 def listing(target: Target, ring: str, reason: str | None) -> Listing:

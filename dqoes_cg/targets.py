@@ -48,6 +48,9 @@ class Targets:
     def __contains__(self, name: str) -> bool:
         return name in self._targets
 
+    def find(self, name: str) -> Target | None:
+        return self._targets.get(name)
+
     def get(self, name: str) -> Target:
         try:
             return self._targets[name]
@@ -63,11 +66,13 @@ class Targets:
     # --- requests ------------------------------------------------------------------------
 
     def add(self, name: str, target_s: float, metric: str, found: Resolved | CgroupError,
-            pending: bool, source: str, prepare: Callable[[], None]) -> Target:
+            pending: bool, source: str, prepare: Callable[[], None],
+            ring: str | None = None) -> Target:
         """A new target. `found` is what resolving the name gave: it must be a usable
         cgroup, unless `pending` accepts one that may appear later (but never a name that
         can never be valid). `prepare` runs once the target is accepted, before it is saved
-        (it creates the ring). TargetError or StateError: nothing changed."""
+        (it creates the ring). `ring`: its ring, if not the default one (its volume's).
+        TargetError or StateError: nothing changed."""
         _check(target_s, metric)
         try:
             path = self._usable(name, found)
@@ -77,7 +82,7 @@ class Targets:
             if not pending:
                 raise TargetError(str(e)) from None
             path, reason = None, str(e)
-        target = Target(name, float(target_s), metric, source)
+        target = Target(name, float(target_s), metric, source, ring=ring)
         if path is not None:
             target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
         prepare()
@@ -180,7 +185,9 @@ class Targets:
         require_cpu_controller(found.path, self.mount)
         other = self._by_cgroup.get(str(found.path))
         if other is not None and other != name:
-            raise CgroupError(f"{found.path} is already managed as {other!r}")
+            how = {"label": " (by its labels)", "service": " (by its service's labels)"}.get(
+                self._targets[other].source, "")
+            raise CgroupError(f"{found.path} is already managed as {other!r}{how}")
         return found.path
 
     def _save(self, *targets: Target, membership: bool = True) -> None:

@@ -6,7 +6,6 @@ against the real mountinfo, cgroup tree and /proc.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,6 +16,7 @@ from dqoes_cg.cgroup import (
     CgroupError,
     Kind,
     Resolved,
+    Runtime,
     find_cgroup2_mount,
     parse_mountinfo,
     require_cpu_controller,
@@ -226,7 +226,7 @@ def test_resolve_container_ids_and_prefixes(mount: Path, rel: str, kind: Kind,
     cgroup = make_cgroup(mount, rel)
     make_cgroup(mount, f"system.slice/docker-{ID_C}.scope")
     for name in (ID_A, ID_A[:12], "a1"):
-        found = resolve(name, mount, docker_root=mount / "no-docker")
+        found = resolve(name, mount)
         assert (found.path, found.kind, found.container_id) == (cgroup, kind, ID_A)
         assert found.display == ID_A[:12]
         assert found.is_systemd_unit == is_unit
@@ -261,39 +261,65 @@ def test_a_long_list_of_candidates_is_cut(mount: Path) -> None:
         resolve("zzz", mount)
 
 
-def docker_state(root: Path, container_id: str, name: str, size: int = 0) -> None:
-    directory = root / "containers" / container_id
-    directory.mkdir(parents=True)
-    config = {"ID": container_id, "Name": "/" + name, "Padding": "x" * size}
-    (directory / "config.v2.json").write_text(json.dumps(config, separators=(",", ":")))
+def runtime(names: dict[str, str], label: str = "Docker (API at /run/docker.sock)",
+            down: bool = False) -> Runtime:
+    """A runtime that knows `names` (name -> ID), or cannot be asked."""
+    def find(name: str) -> str | None:
+        if down:
+            raise CgroupError("not running (no socket)")
+        return names.get(name)
+    return Runtime(label, find)
 
 
-def test_resolve_a_docker_name(tmp_path: Path, mount: Path) -> None:
-    docker = tmp_path / "docker"
-    docker_state(docker, ID_A, "web")
-    docker_state(docker, ID_B, "stopped")
-    docker_state(docker, ID_C, "huge", size=5 << 20)
-    (docker / "containers" / "not-an-id").mkdir()
+def test_resolve_a_runtime_name(mount: Path) -> None:
+    docker = runtime({"web": ID_A, "stopped": ID_B})
     cgroup = make_cgroup(mount, f"system.slice/docker-{ID_A}.scope")
-    make_cgroup(mount, f"system.slice/docker-{ID_C}.scope")
-    found = resolve("web", mount, docker_root=docker)
+    found = resolve("web", mount, runtimes=[docker])
     assert found == Resolved(cgroup, "web", Kind.DOCKER, unit=f"docker-{ID_A}.scope",
                              container_id=ID_A)
-    assert resolve(ID_A[:5], mount, docker_root=docker).display == "web"
     with pytest.raises(CgroupError, match=rf"'stopped' \({ID_B[:12]}\) has no cgroup"):
-        resolve("stopped", mount, docker_root=docker)
-    with pytest.raises(CgroupError, match="no container"):
-        resolve("huge", mount, docker_root=docker)  # its config exceeds the read bound
+        resolve("stopped", mount, runtimes=[docker])
 
 
-def test_a_full_id_wins_over_a_name_and_a_name_over_a_prefix(tmp_path: Path,
-                                                              mount: Path) -> None:
-    docker = tmp_path / "docker"
-    docker_state(docker, ID_B, "a1")  # a name that is also a prefix of ID_A
+def test_a_name_no_runtime_knows_says_which_were_searched(mount: Path) -> None:
+    make_cgroup(mount, f"machine.slice/libpod-{ID_A}.scope")
+    podman = runtime({"db": ID_A}, "Podman (API at /run/podman/podman.sock)")
+    docker = runtime({}, down=True)
+    assert resolve("db", mount, runtimes=[docker, podman]).container_id == ID_A
+    with pytest.raises(CgroupError) as e:
+        resolve("nosuch", mount, runtimes=[docker, podman])
+    message = str(e.value)
+    assert "searched: IDs in the cgroup tree; Docker (API at /run/docker.sock): not running " \
+        "(no socket); Podman (API at /run/podman/podman.sock): none of that name" in message
+    assert "\n" not in message
+
+
+def test_a_full_id_wins_over_a_name_and_a_name_over_a_prefix(mount: Path) -> None:
+    docker = runtime({"a1": ID_B})  # a name that is also a prefix of ID_A
     make_cgroup(mount, f"docker/{ID_A}")
     make_cgroup(mount, f"docker/{ID_B}")
-    assert resolve("a1", mount, docker_root=docker).container_id == ID_B
-    assert resolve(ID_A, mount, docker_root=docker).container_id == ID_A
+    assert resolve("a1", mount, runtimes=[docker]).container_id == ID_B
+    assert resolve(ID_A, mount, runtimes=[docker]).container_id == ID_A
+
+
+def test_resolve_a_kubernetes_container_by_namespace_pod_and_name(tmp_path: Path,
+                                                                   mount: Path) -> None:
+    logs = tmp_path / "containers"
+    logs.mkdir()
+    for link in (f"web-7d4b9_shop_nginx-{ID_A}.log", f"web-7d4b9_shop_nginx-{ID_B}.log",
+                 f"web-7d4b9_shop_sidecar-{ID_C}.log", "junk.log"):
+        (logs / link).symlink_to("/nonexistent")
+    pod = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice"
+    cgroup = make_cgroup(mount, f"{pod}/cri-containerd-{ID_A}.scope")  # ID_B: an old one
+    found = resolve("shop/web-7d4b9/nginx", mount, kube_logs=logs)
+    assert (found.path, found.kind, found.container_id, found.display) == \
+        (cgroup, Kind.CRI, ID_A, "shop/web-7d4b9/nginx")
+    with pytest.raises(CgroupError, match=r"Kubernetes container.*no log link"):
+        resolve("shop/web-7d4b9/other", mount, kube_logs=logs)
+    with pytest.raises(CgroupError, match=rf"its container {ID_C[:12]} has no cgroup"):
+        resolve("shop/web-7d4b9/sidecar", mount, kube_logs=logs)
+    with pytest.raises(CgroupError, match="no cgroup at"):
+        resolve("a/b", mount, kube_logs=logs)  # two parts: a cgroup path only
 
 
 def test_the_walk_is_bounded(mount: Path) -> None:

@@ -30,6 +30,9 @@ from .systemd_guest import ARTIFACTS_ENV, GUEST_DIR, REPO
 T = TypeVar("T")
 DOCKER = "/usr/bin/docker"  # Debian's client, of the engine's version
 IMAGE = "dqoes-infer:e2e"
+BUSYBOX = "/bin/busybox"  # static (busybox-static): a shell in the image, for the tests
+APPLETS = ("sh", "ls", "cat", "dd", "df", "tail", "sleep", "touch")
+VOLUME = "type=volume,volume-driver=dqoes,dst=/run/dqoes"  # a ring of its own (README)
 RUN_DIR = Path("/run/dqoes")
 SOCKET = RUN_DIR / "dqoes.sock"
 CGROUP = Path("/sys/fs/cgroup")
@@ -143,10 +146,16 @@ class Docker:
         assert driver == cgroup_driver, driver
 
     def import_image(self, infer: Path) -> None:
-        """An image holding the static server alone (no registry is reachable)."""
+        """An image holding the static server and a static busybox (no registry is
+        reachable)."""
         data = io.BytesIO()
         with tarfile.open(fileobj=data, mode="w") as tar:
             tar.add(infer, arcname="infer")
+            tar.add(BUSYBOX, arcname="bin/busybox")
+            for applet in APPLETS:
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(link)
         subprocess.run([DOCKER, "import", "-", IMAGE], input=data.getvalue(), check=True,
                        capture_output=True, timeout=300)
 
@@ -156,12 +165,60 @@ class Docker:
                   "-v", f"{RUN_DIR}/rings/{name}:/run/dqoes", IMAGE, "/infer", str(units),
                   timeout=300).strip()
 
+    def run_labelled(self, name: str, units: int, *labels: str, volume: bool = True,
+                     options: tuple[str, ...] = ()) -> str:
+        """A container as a Docker user writes it: labels, and a dqoes volume for its
+        ring; its ID."""
+        argv = [DOCKER, "run", "-d", "--name", name, "--network", "none", *options]
+        argv += [a for label in labels for a in ("--label", label)]
+        argv += ["--mount", VOLUME] if volume else []
+        return sh(*argv, IMAGE, "/infer", str(units), timeout=300).strip()
+
+    def inspect(self, name: str, template: str) -> str:
+        return sh(DOCKER, "inspect", "--format", template, name).strip()
+
+    def exec(self, name: str, script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([DOCKER, "exec", name, "sh", "-c", script],
+                              capture_output=True, text=True, timeout=120)
+
     def remove(self, *names: str) -> None:
-        sh(DOCKER, "rm", "-f", *names, timeout=300)
+        sh(DOCKER, "rm", "-f", "-v", *names, timeout=300)
 
     def cgroup(self, name: str) -> Path:
         pid = sh(DOCKER, "inspect", "--format", "{{.State.Pid}}", name).strip()
         return cgroup_of(int(pid))
+
+
+def swarm_init() -> None:
+    """A single-node Swarm on a dummy interface of its own (Swarm needs an address that is
+    not a loopback one; nothing leaves the guest)."""
+    if subprocess.run(["ip", "link", "show", "dqoes-swarm"], capture_output=True).returncode:
+        sh("modprobe", "dummy")
+        sh("ip", "link", "add", "dqoes-swarm", "type", "dummy")
+        sh("ip", "addr", "add", "10.251.0.1/24", "dev", "dqoes-swarm")
+        sh("ip", "link", "set", "dqoes-swarm", "up")
+    sh(DOCKER, "swarm", "init", "--advertise-addr", "10.251.0.1", timeout=300)
+
+
+def journal_times(unit: str, prefix: str) -> list[float]:
+    """When the unit logged lines starting with `prefix` (seconds since the epoch)."""
+    out = sh("journalctl", "--no-pager", "-o", "json", "-u", unit, timeout=120)
+    times = []
+    for line in out.splitlines():
+        entry = json.loads(line)
+        message = entry.get("MESSAGE")
+        if isinstance(message, str) and message.startswith(prefix):
+            times.append(int(entry["__REALTIME_TIMESTAMP"]) / 1e6)
+    return times
+
+
+def docker_time(text: str) -> float:
+    """Seconds since the epoch of Docker's RFC 3339 time with nanoseconds."""
+    from datetime import datetime
+
+    main, _, rest = text.rstrip("Z").partition(".")
+    fraction = float("0." + rest) if rest else 0.0
+    return datetime.fromisoformat(main + "+00:00").timestamp() + fraction
 
 
 def cgroup_of(pid: int) -> Path:

@@ -1,0 +1,321 @@
+"""Docker-native targets end to end, as a Docker user has them: dqoesd installed with `make
+install` and run by systemd (PID 1 of the test guest), a real dockerd with its cgroupfs and
+its systemd driver and a single-node Swarm, containers described by their labels and given
+their ring by the dqoes volume driver, and nothing else.
+
+The tests run in order, as one story: labelled containers are bound as they start (the time
+from start to binding is measured), measured through their rings and limited; refused
+labels leave their container alone; a container reaches its own ring only, and filling its
+volume hurts nobody else; dockerd restarts; a restart loop and a burst leak nothing; the
+same under the systemd driver; a Swarm service's tasks follow its labels without being
+recreated. The daemon is uninstalled at the end (test_e2e_service.py installs it again).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dqoes_cg.control import request
+from dqoes_cg.ctl import format_status
+from dqoes_cg.status import ContainerStatus, Listing
+from lab.guest.e2e import (
+    DOCKER,
+    IMAGE,
+    RUN_DIR,
+    SOCKET,
+    VOLUME,
+    Artifacts,
+    Docker,
+    Service,
+    artifacts,
+    cpu_max,
+    docker_time,
+    dqoesctl,
+    journal_times,
+    sh,
+    swarm_init,
+    wait_for,
+)
+
+pytestmark = pytest.mark.guest_systemd
+
+REQUEST_MS = 50
+OPTIONS = "--sample-interval 0.5 --interval 2 --max-interval 4 --beta 0.5"
+WATCHDOG_S = 30
+SAMPLE_S = 0.5
+LOOSE = "dqoes.target=400ms"  # 8x a request: the daemon takes CPU away, so it is limited
+MEAN = "dqoes.metric=mean"
+VOLUMES = RUN_DIR / "volumes"
+BIND_RUNS = 5
+bind_seconds: dict[str, list[float]] = {}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    return artifacts(tmp_path_factory.mktemp("e2e-docker"))
+
+
+@pytest.fixture(scope="module")
+def units(built: Artifacts) -> int:
+    return int(sh(built.infer, "--calibrate", str(REQUEST_MS)))
+
+
+@pytest.fixture(scope="module")
+def service(built: Artifacts) -> Iterator[Service]:
+    service = Service()
+    service.install(built.wheel)
+    service.configure(OPTIONS, WATCHDOG_S)
+    sh("systemctl", "start", service.name, timeout=300)
+    print(sh("systemd-analyze", "security", service.name).splitlines()[-1])
+    yield service
+    subprocess.run([DOCKER, "swarm", "leave", "--force"], capture_output=True, timeout=300)
+    names = sh(DOCKER, "ps", "-aq").split()
+    if names:
+        subprocess.run([DOCKER, "rm", "-f", "-v", *names], capture_output=True, timeout=600)
+    service.uninstall()
+
+
+@pytest.fixture(scope="module")
+def docker(service: Service, built: Artifacts) -> Docker:
+    docker = Docker()
+    docker.start("cgroupfs")
+    docker.import_image(built.infer)
+    return docker
+
+
+def rows(service: Service) -> dict[str, ContainerStatus]:
+    return service.containers()
+
+
+def listed() -> dict[str, Listing]:
+    return {d["name"]: Listing.from_json(d) for d in request(SOCKET, "list", timeout=60)}
+
+
+def explain(service: Service) -> str:
+    return (f"--- dqoesctl status ---\n{format_status(service.status())}\n"
+            f"--- dqoesctl list ---\n{dqoesctl('list')}\n"
+            f"--- journal ---\n{service.journal()[-4000:]}")
+
+
+def measured_and_limited(service: Service, name: str) -> ContainerStatus | None:
+    row = rows(service).get(name)
+    if row is None or row.samples == 0 or row.cpu_limit_cores is None:
+        return None
+    return row
+
+
+def bind_time(service: Service, docker: Docker, name: str) -> float:
+    """Seconds from the container's start (Docker's clock) to the daemon's line saying it
+    took its target (the journal's clock: the same machine)."""
+    started = docker_time(docker.inspect(name, "{{.State.StartedAt}}"))
+    logged = wait_for(lambda: journal_times(service.name, f"{name}: target "), 120,
+                      f"{name}'s target in the journal", lambda: explain(service))
+    return logged[-1] - started
+
+
+def mounted_volumes() -> list[str]:
+    return [line.split()[1] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if f" {VOLUMES}/" in line]
+
+
+def daemon_fds(service: Service) -> int:
+    return len(os.listdir(f"/proc/{service.main_pid()}/fd"))
+
+
+def wait_gone(service: Service, *names: str) -> None:
+    wait_for(lambda: not set(names) & set(listed()), 120, f"{names} unmanaged",
+             lambda: explain(service))
+
+
+def bind_median(service: Service, docker: Docker, units: int, driver: str) -> None:
+    for i in range(BIND_RUNS):
+        name = f"bind-{driver}-{i}"
+        docker.run_labelled(name, units, LOOSE, MEAN)
+        wait_for(lambda n=name: listed().get(n) and listed()[n].state == "bound", 120,
+                 f"{name} bound", lambda: explain(service))
+        bind_seconds.setdefault(driver, []).append(bind_time(service, docker, name))
+        docker.remove(name)
+        wait_gone(service, name)
+    times = bind_seconds[driver]
+    print(f"binding after start ({driver} driver): median {statistics.median(times):.3f} s, "
+          f"runs {', '.join(f'{t:.3f}' for t in times)} (tick {SAMPLE_S} s)")
+
+
+def test_a_labelled_container_is_bound_measured_limited(service: Service, docker: Docker,
+                                                        units: int) -> None:
+    bind_median(service, docker, units, "cgroupfs")
+    docker.run_labelled("lab-a", units, LOOSE, MEAN)
+    row = wait_for(lambda: measured_and_limited(service, "lab-a"), 240,
+                   "lab-a measured and limited", lambda: explain(service))
+    assert row.source == "label" and row.target_s == pytest.approx(0.4)
+    assert row.ring.startswith(f"{VOLUMES}/") and row.cgroup.startswith("/sys/fs/cgroup/docker/")
+    # Its loose target lets the daemon take CPU away, decision after decision.
+    wait_for(lambda: 0 < cpu_max(Path(row.cgroup))[0] < cpu_max(Path(row.cgroup))[1], 240,
+             "lab-a limited below the one CPU it can use", lambda: explain(service))
+    docker.remove("lab-a")
+    wait_gone(service, "lab-a")
+    assert mounted_volumes() == []
+
+
+def test_refused_labels_leave_the_container_alone(service: Service, docker: Docker,
+                                                  units: int) -> None:
+    docker.run_labelled("lab-a", units, LOOSE, MEAN)
+    bad = {"bad-word": ("dqoes.target=fast",), "bad-negative": ("dqoes.target=-5ms",),
+           "bad-metric": (LOOSE, "dqoes.metric=p42"), "bad-key": (LOOSE, "dqoes.targte=1s")}
+    for name, labels in bad.items():
+        docker.run_labelled(name, units, *labels, volume=False)
+    found = wait_for(lambda: (lambda ls: ls if set(bad) <= set(ls) else None)(listed()), 120,
+                     "the refused containers listed", lambda: explain(service))
+    for name in bad:
+        assert found[name].state == "invalid" and found[name].reason, found[name]
+        assert found[name].source == "label"
+    assert "dqoes.target" in found["bad-word"].reason and "p42" in found["bad-metric"].reason
+    assert "dqoes.targte" in found["bad-key"].reason
+    journal = service.journal()
+    for name in bad:
+        assert journal.count(f"{name}: labels refused") == 1, journal[-3000:]
+        cgroup = docker.cgroup(name)
+        assert cpu_max(cgroup)[0] == -1
+    assert wait_for(lambda: measured_and_limited(service, "lab-a"), 240, "lab-a still managed",
+                    lambda: explain(service))
+    docker.remove(*bad)
+    wait_gone(service, *bad)
+
+
+def test_a_container_reaches_its_own_ring_only(service: Service, docker: Docker,
+                                               units: int) -> None:
+    docker.run_labelled("lab-b", units, LOOSE, MEAN)
+    wait_for(lambda: measured_and_limited(service, "lab-b"), 240, "lab-b measured",
+             lambda: explain(service))
+    ring_a = Path(rows(service)["lab-a"].ring)
+    seen = docker.exec("lab-b", "ls -a /run/dqoes; ls /run/dqoes/volumes 2>&1; "
+                                f"cat {ring_a} >/dev/null 2>&1 && echo OPENED")
+    assert seen.stdout.split()[:3] == [".", "..", "ring"], seen
+    assert "OPENED" not in seen.stdout and "No such file" in seen.stdout, seen
+    # Another container cannot mount lab-a's volume.
+    volume = ring_a.parent.name
+    stolen = subprocess.run([DOCKER, "run", "--rm", "--network", "none", "--mount",
+                             f"type=volume,src={volume},volume-driver=dqoes,dst=/x", IMAGE,
+                             "/bin/sh", "-c", "cat /x/ring >/dev/null && echo STOLEN"],
+                            capture_output=True, text=True, timeout=300)
+    assert stolen.returncode != 0 and "STOLEN" not in stolen.stdout, stolen
+    assert "mounted by another container" in stolen.stderr, stolen.stderr
+    # Filling its own volume fills its own small filesystem, not /run.
+    free_before = os.statvfs("/run").f_bavail * os.statvfs("/run").f_frsize
+    fill = docker.exec("lab-b", "dd if=/dev/zero of=/run/dqoes/fill bs=64k count=100000; "
+                                "df -k /run/dqoes | tail -1")
+    assert "No space left" in fill.stderr, fill
+    free_after = os.statvfs("/run").f_bavail * os.statvfs("/run").f_frsize
+    assert free_before - free_after < 1 << 20, (free_before, free_after)
+    before = rows(service)["lab-a"]
+    wait_for(lambda: rows(service)["lab-a"].samples > 0 and
+             service.status().host.ticks > 0, 60, "lab-a still measured")
+    assert rows(service)["lab-a"].cls != "pending", before
+
+
+def test_dockerd_restarted_mid_run(service: Service, docker: Docker, units: int) -> None:
+    docker.remove("lab-a", "lab-b")
+    docker.run_labelled("lab-r", units, LOOSE, MEAN, options=("--restart", "always"))
+    first = wait_for(lambda: measured_and_limited(service, "lab-r"), 240, "lab-r measured",
+                     lambda: explain(service))
+    restarts = len(journal_times(service.name, "following Docker"))
+    sh("systemctl", "restart", "docker.service", timeout=300)
+    wait_for(lambda: len(journal_times(service.name, "following Docker")) > restarts, 180,
+             "the daemon following the new dockerd", lambda: explain(service))
+
+    def back() -> ContainerStatus | None:
+        row = measured_and_limited(service, "lab-r")
+        try:
+            cgroup = str(docker.cgroup("lab-r"))
+        except Exception:  # restarting: no process yet
+            return None
+        return row if row is not None and row.cgroup == cgroup else None
+
+    again = wait_for(back, 240, "lab-r bound again, measured through its new ring",
+                     lambda: explain(service))
+    assert again.ring != first.ring or again.cgroup == first.cgroup
+    assert set(listed()) == {"lab-r"}
+    assert len(mounted_volumes()) == 1
+
+
+def test_a_restart_loop_and_a_burst_leak_nothing(service: Service, docker: Docker,
+                                                 units: int) -> None:
+    docker.remove("lab-r")
+    wait_gone(service, "lab-r")
+    wait_for(lambda: mounted_volumes() == [], 60, "no volume mounted")
+    fds = daemon_fds(service)
+    # A container that exits at once, restarted by Docker again and again.
+    sh(DOCKER, "run", "-d", "--name", "loop", "--network", "none", "--restart", "always",
+       "--label", LOOSE, "--mount", VOLUME, IMAGE, "/bin/sh", "-c", "sleep 1", timeout=300)
+    wait_for(lambda: int(docker.inspect("loop", "{{.RestartCount}}")) >= 4, 240,
+             "four restarts of the loop")
+    burst = [f"burst-{i}" for i in range(20)]
+    procs = [subprocess.Popen([DOCKER, "run", "-d", "--name", n, "--network", "none",
+                               "--label", LOOSE, "--mount", VOLUME, IMAGE, "/infer",
+                               str(units)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for n in burst]
+    assert all(p.wait(timeout=600) == 0 for p in procs)
+    wait_for(lambda: all(listed().get(n) and listed()[n].state == "bound" for n in burst),
+             300, "every container of the burst bound", lambda: explain(service))
+    docker.remove("loop", *burst)
+    wait_gone(service, "loop", *burst)
+    wait_for(lambda: mounted_volumes() == [], 120, "every volume unmounted")
+    assert wait_for(lambda: daemon_fds(service) <= fds, 60, "the daemon's fds back"), fds
+    assert sh(DOCKER, "volume", "ls", "-q", "--filter", "driver=dqoes").split() == []
+    assert sorted(p.name for p in VOLUMES.iterdir()) == []
+
+
+def test_the_systemd_driver(service: Service, docker: Docker, units: int) -> None:
+    docker.start("systemd")
+    bind_median(service, docker, units, "systemd")
+    docker.run_labelled("lab-s", units, LOOSE, MEAN)
+    row = wait_for(lambda: measured_and_limited(service, "lab-s"), 240,
+                   "lab-s measured and limited", lambda: explain(service))
+    assert row.cgroup.startswith("/sys/fs/cgroup/system.slice/docker-")
+    docker.remove("lab-s")
+    wait_gone(service, "lab-s")
+
+
+def task_ids() -> list[str]:
+    return sorted(sh(DOCKER, "ps", "-q", "--no-trunc", "--filter",
+                     "label=com.docker.swarm.service.name=tagger").split())
+
+
+def test_a_swarm_service_follows_its_labels_without_recreating_tasks(
+        service: Service, docker: Docker, units: int) -> None:
+    swarm_init()
+    sh(DOCKER, "service", "create", "--detach", "--name", "tagger", "--replicas", "2",
+       "--no-resolve-image", "--label", LOOSE, "--label", MEAN, "--mount", VOLUME, IMAGE,
+       "/infer", str(units), timeout=600)
+
+    def tasks() -> dict[str, ContainerStatus] | None:
+        found = {n: r for n, r in rows(service).items() if n.startswith("tagger.")}
+        if len(found) == 2 and all(r.samples > 0 and r.cpu_limit_cores is not None
+                                   for r in found.values()):
+            return found
+        return None
+
+    first = wait_for(tasks, 400, "both tasks measured and limited", lambda: explain(service))
+    assert {r.source for r in first.values()} == {"service"}
+    ids = task_ids()
+    assert len(ids) == 2
+    sh(DOCKER, "service", "update", "--detach", "--label-add", "dqoes.target=900ms", "tagger",
+       timeout=300)
+    def changed() -> bool:
+        now = tasks()
+        return now is not None and all(r.target_s == pytest.approx(0.9) for r in now.values())
+
+    wait_for(changed, 120, "the new target on both tasks", lambda: explain(service))
+    sh(DOCKER, "service", "update", "--detach", "--label-rm", "dqoes.target", "--label-rm",
+       "dqoes.metric", "tagger", timeout=300)
+    wait_gone(service, *first)
+    cgroups = [Path(r.cgroup) for r in first.values()]
+    assert [cpu_max(c)[0] for c in cgroups] == [-1, -1], "their limits given back"
+    assert task_ids() == ids, "no task recreated"
+    sh(DOCKER, "service", "rm", "tagger", timeout=300)

@@ -1,0 +1,160 @@
+"""Targets from a container engine's labels, in the controller (controller.py), on a fake
+cgroup tree with a stand-in watcher: they come and go with their containers, dqoesctl's
+target wins, refused labels are listed and change nothing, a full listing drops what is
+gone (a restart of dqoesd or of the engine)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dqoes_cg.cgroup import CgroupError, Kind, Resolved
+from dqoes_cg.labels import Objective
+from dqoes_cg.targets import TargetError
+from dqoes_cg.watcher import Changes, Seen
+from tests.test_controller import ORIGINAL, Host, _cpu_max
+
+A, B = "a" * 64, "b" * 64
+
+
+class StubWatcher:
+    def __init__(self) -> None:
+        self.changes: Changes | None = None
+        self.pushed: list[tuple[str, dict[str, str] | None]] = []
+
+    def take(self) -> Changes | None:
+        changes, self.changes = self.changes, None
+        return changes
+
+    def report(self, *seen: Seen | tuple[str, None], listed: bool = False) -> None:
+        self.changes = Changes(listed, {s[0] if isinstance(s, tuple) else s.id:
+                                        None if isinstance(s, tuple) else s for s in seen})
+
+    def push_service_labels(self, sid: str, labels: dict[str, str] | None) -> None:
+        self.pushed.append((sid, labels))
+
+
+def seen(host: Host, cid: str, name: str, target: float | None = 0.1, error: str | None = None,
+         source: str = "label", ring: Path | None = None) -> Seen:
+    cgroup = host.mount / "docker" / cid
+    return Seen(cid, name, None if target is None else Objective(target, "mean"), source,
+                error, Resolved(cgroup, name, Kind.DOCKER, container_id=cid), ring)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    return Host(tmp_path)
+
+
+def controller(host: Host, watcher: StubWatcher):
+    c = host.controller()
+    c.watcher = watcher
+    return c
+
+
+def test_a_labelled_container_is_bound_at_the_next_tick_and_given_back(host: Host) -> None:
+    w = StubWatcher()
+    c = controller(host, w)
+    w.report(seen(host, A, "web"), listed=True)
+    c.tick(time.monotonic())
+    (row,) = c.listings()
+    assert (row.name, row.state, row.source, row.cgroup) == ("web", "bound", "label",
+                                                            str(host.a))
+    assert _cpu_max(host.a) == "50000 100000"  # limited in the same tick
+    w.report(seen(host, A, "web", target=0.2, source="service"))
+    c.tick(time.monotonic())
+    assert (c.targets.get("web").target_s, c.targets.get("web").source) == (0.2, "service")
+    with pytest.raises(TargetError, match="comes from its service's labels"):
+        c.unset_target("web")
+    w.report((A, None))  # stopped (the test's cgroup stays: the limit is given back)
+    c.tick(time.monotonic())
+    assert c.listings() == [] and _cpu_max(host.a) == ORIGINAL
+    c.shutdown()
+
+
+def test_refused_labels_are_listed_and_change_nothing(host: Host,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    w = StubWatcher()
+    c = controller(host, w)
+    bad = seen(host, A, "bad", target=None, error="dqoes.target: bad duration 'fast'")
+    w.report(bad, seen(host, B, "good"), listed=True)
+    c.tick(time.monotonic())
+    rows = {r.name: r for r in c.listings()}
+    assert (rows["bad"].state, rows["bad"].reason, rows["bad"].target_s) == \
+        ("invalid", "dqoes.target: bad duration 'fast'", None)
+    assert rows["good"].state == "bound"
+    assert _cpu_max(host.a) == ORIGINAL
+    w.report(bad)  # seen again, unchanged: logged once
+    c.tick(time.monotonic())
+    assert caplog.text.count("bad: labels refused") == 1
+    c.shutdown()
+
+
+def test_dqoesctl_wins_and_the_labels_come_back_after_unset(host: Host) -> None:
+    w = StubWatcher()
+    c = controller(host, w)
+    w.report(seen(host, A, "web", target=0.1), listed=True)
+    c.tick(time.monotonic())
+    c.set_target("web", 0.3, "p99", False)
+    w.report(seen(host, A, "web", target=0.2))  # a label change does not override it
+    c.tick(time.monotonic())
+    assert (c.targets.get("web").target_s, c.targets.get("web").source) == (0.3, "cli")
+    w.report(seen(host, B, "other"))
+    c.tick(time.monotonic())
+    with pytest.raises(TargetError, match=r"already managed as 'other' \(by its labels\)"):
+        c.set_target("docker/" + B, 0.1, "mean", False)  # the same container, by its path
+    c.unset_target("web")
+    assert (c.targets.get("web").target_s, c.targets.get("web").source) == (0.2, "label")
+    c.shutdown()
+
+
+def test_a_listing_drops_the_targets_of_containers_gone_meanwhile(host: Host) -> None:
+    w = StubWatcher()
+    c = controller(host, w)
+    w.report(seen(host, A, "web"), seen(host, B, "db"), listed=True)
+    c.tick(time.monotonic())
+    c.shutdown()
+    again = controller(host, w)  # dqoesd restarted: the targets are re-adopted...
+    assert {r.name for r in again.listings()} == {"web", "db"}
+    w.report(seen(host, B, "db"), listed=True)  # ...and web is gone when it lists again
+    again.tick(time.monotonic())
+    assert {r.name for r in again.listings()} == {"db"}
+    again.shutdown()
+
+
+def test_a_container_not_yet_in_its_cgroup_waits(host: Host) -> None:
+    w = StubWatcher()
+    c = controller(host, w)
+    w.report(Seen(A, "web", Objective(0.1, "mean"), "label", None, CgroupError("not running"),
+                  None), listed=True)
+    c.tick(time.monotonic())
+    (row,) = c.listings()
+    assert (row.state, row.reason) == ("pending", "not running")
+    w.report(seen(host, A, "web"))
+    c.tick(time.monotonic())
+    assert c.listings()[0].state == "bound"
+    c.shutdown()
+
+
+def test_service_labels_pushed_through_the_control_api(host: Host) -> None:
+    from dqoes_cg import api
+    from dqoes_cg.control import Peer, RequestError
+
+    w = StubWatcher()
+    c = controller(host, w)
+    root = Peer(1, 0, 0)
+    api.handle(c, "service-labels", {"service_id": "abc123", "labels": {"dqoes.target": "1s"}},
+               root)
+    api.handle(c, "service-labels", {"service_id": "abc123", "labels": None}, root)
+    assert w.pushed == [("abc123", {"dqoes.target": "1s"}), ("abc123", None)]
+    for bad in ({"service_id": "../x", "labels": None}, {"service_id": "a", "labels": [1]},
+                {"service_id": "a", "labels": {"k": 1}}):
+        with pytest.raises(RequestError):
+            api.handle(c, "service-labels", bad, root)
+    assert api.OPERATIONS["service-labels"].write
+    c.watcher = None
+    with pytest.raises(RequestError, match="follows no container engine"):
+        api.handle(c, "service-labels", {"service_id": "a", "labels": None}, root)
+    c.shutdown()

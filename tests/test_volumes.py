@@ -1,0 +1,133 @@
+"""The dqoes volume driver (volumes.py): Docker's plugin protocol, and the ring volumes it
+makes: real tmpfs mounts on the real kernel (the guest), one per container."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dqoes_cg.ring import RingSet, Status
+from dqoes_cg.volumes import KernelMounts, VolumeDriver, VolumePlugin, unit_name
+
+CAPACITY = 1024
+
+
+class NoMounts:
+    def mount(self, where: Path, size: int) -> None:
+        raise AssertionError("no mount expected")
+
+    def unmount(self, where: Path) -> None:
+        raise AssertionError("no unmount expected")
+
+
+def test_unit_names_are_systemds() -> None:
+    assert unit_name(Path("/run/dqoes/volumes/ab-c.d_1")) == \
+        r"run-dqoes-volumes-ab\x2dc.d_1.mount"
+    assert unit_name(Path("/run/.x")) == r"run-\x2ex.mount"
+
+
+class _Unix(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=10)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(str(self.path))
+
+
+def post(path: Path, endpoint: str, body: bytes) -> dict:
+    conn = _Unix(path)
+    conn.request("POST", endpoint, body)
+    reply = conn.getresponse()
+    assert reply.status == 200
+    doc = json.loads(reply.read())
+    conn.close()
+    return doc
+
+
+def test_the_protocol_over_its_socket(tmp_path: Path) -> None:
+    driver = VolumeDriver(tmp_path / "run", CAPACITY, NoMounts())
+    plugin = VolumePlugin(driver, tmp_path / "plugin.sock")
+    try:
+        assert oct(os.stat(plugin.path).st_mode & 0o777) == "0o600"
+        sock = plugin.path
+        assert post(sock, "/Plugin.Activate", b"") == {"Err": "", "Implements": ["VolumeDriver"]}
+        assert post(sock, "/VolumeDriver.Capabilities", b"{}")["Capabilities"] == \
+            {"Scope": "local"}
+        assert post(sock, "/VolumeDriver.Create", b'{"Name": "v1"}') == {"Err": ""}
+        assert post(sock, "/VolumeDriver.List", b"{}")["Volumes"] == [
+            {"Name": "v1", "Mountpoint": "", "Status": {
+                "mounted": False, "ring": str(tmp_path / "run/volumes/v1/ring")}}]
+        assert post(sock, "/VolumeDriver.Path", b'{"Name": "v1"}')["Mountpoint"] == ""
+        for endpoint, body, err in (
+                ("/VolumeDriver.Create", b'{"Name": "../x"}', "bad volume name '../x'"),
+                ("/VolumeDriver.Create", b'{"Name": "v2", "Opts": {"size": "1G"}}',
+                 "takes no options"),
+                ("/VolumeDriver.Get", b'{"Name": "nosuch"}', "no volume nosuch"),
+                ("/VolumeDriver.Mount", b'{"Name": "v1"}', "Mount without an ID"),
+                ("/VolumeDriver.Create", b"[" * 10000, "not valid JSON"),
+                ("/VolumeDriver.Create", b"{" + b" " * 70000 + b"}", "request body"),
+                ("/Nope", b"{}", "unknown endpoint")):
+            assert err in post(sock, endpoint, body)["Err"], endpoint
+        assert post(sock, "/VolumeDriver.Remove", b'{"Name": "v1"}') == {"Err": ""}
+        assert post(sock, "/VolumeDriver.List", b"{}")["Volumes"] == []
+    finally:
+        plugin.close()
+    assert not plugin.path.exists()
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> Iterator[VolumeDriver]:
+    d = VolumeDriver(tmp_path / "run", CAPACITY, KernelMounts())
+    yield d
+    for v in d.handle("/VolumeDriver.List", {})["Volumes"]:
+        d.handle("/VolumeDriver.Unmount", {"Name": v["Name"], "ID": "cleanup"})
+
+
+@pytest.mark.kernel
+def test_a_volume_is_a_small_filesystem_with_a_ring_for_one_container(
+        driver: VolumeDriver) -> None:
+    mounted = driver.handle("/VolumeDriver.Mount", {"Name": "v1", "ID": "c1"})
+    where = Path(mounted["Mountpoint"])
+    assert mounted["Err"] == "" and os.path.ismount(where)
+    assert oct(os.stat(driver.directory).st_mode & 0o777) == "0o700"
+    with RingSet([where / "ring"], CAPACITY, recreate=False) as rings:
+        assert rings.status[0] == Status.OK
+    # A second container is refused; its Unmount does not take the first one's volume.
+    second = driver.handle("/VolumeDriver.Mount", {"Name": "v1", "ID": "c2"})
+    assert "mounted by another container" in second["Err"]
+    assert driver.handle("/VolumeDriver.Unmount", {"Name": "v1", "ID": "c2"}) == {"Err": ""}
+    assert os.path.ismount(where)
+    assert "in use" in driver.handle("/VolumeDriver.Remove", {"Name": "v1"})["Err"]
+    # Whatever the container writes fills its own small filesystem.
+    stats = os.statvfs(where)
+    assert stats.f_blocks * stats.f_frsize <= 2 * (where / "ring").stat().st_size + (80 << 10)
+    with pytest.raises(OSError, match="No space left"), open(where / "fill", "wb") as f:
+        for _ in range(1000):
+            f.write(b"\0" * (64 << 10))
+            f.flush()
+            os.fsync(f.fileno())
+    with pytest.raises(OSError, match="No space left"):
+        for i in range(100):
+            (where / f"f{i}").touch()
+    assert driver.handle("/VolumeDriver.Unmount", {"Name": "v1", "ID": "c1"}) == {"Err": ""}
+    assert not os.path.ismount(where)
+    assert driver.handle("/VolumeDriver.Remove", {"Name": "v1"}) == {"Err": ""}
+    assert not where.exists()
+
+
+@pytest.mark.kernel
+def test_an_unmount_with_the_ring_open_is_lazy(driver: VolumeDriver) -> None:
+    where = Path(driver.handle("/VolumeDriver.Mount", {"Name": "v2", "ID": "c1"})["Mountpoint"])
+    with RingSet([where / "ring"], CAPACITY, recreate=False) as rings:
+        assert driver.handle("/VolumeDriver.Unmount", {"Name": "v2", "ID": "c1"}) == {"Err": ""}
+        assert not os.path.ismount(where)
+        rings.drain()  # the daemon's reader sees its ring gone, as with any removed ring
+        assert rings.status[0] in (Status.OK, Status.UNUSED, Status.MISSING)

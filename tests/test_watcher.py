@@ -1,0 +1,169 @@
+"""Following a container engine (engine.py, watcher.py) against a fake engine on a unix
+socket: listing at connect, events, reconnects, coalescing, service labels, bounds."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dqoes_cg.cgroup import Kind, Resolved
+from dqoes_cg.engine import Engine, EngineError, parse_container, parse_event
+from dqoes_cg.labels import Objective
+from dqoes_cg.watcher import Changes, Seen, Watcher
+from tests.fakeengine import FakeEngine
+
+LABELS = {"dqoes.target": "40ms"}
+
+
+def cid(i: int) -> str:
+    return f"{i:04x}" + "c" * 60
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[FakeEngine]:
+    fake = FakeEngine(tmp_path / "docker.sock")
+    yield fake
+    fake.close()
+
+
+def resolved(pid: int) -> Resolved:
+    return Resolved(Path(f"/cg/{pid}"), f"/{pid}", Kind.PID)
+
+
+@pytest.fixture
+def watcher(engine: FakeEngine) -> Iterator[Watcher]:
+    w = Watcher(Engine(engine.path, timeout=5), resolved, lambda v: Path("/vol", v, "ring"))
+    yield w
+    w.close()
+
+
+def collect(w: Watcher, until: Callable[[Changes], bool], timeout: float = 30) -> Changes:
+    """Everything the watcher reported, merged, until `until` holds for it."""
+    merged = Changes(listed=False)
+    deadline = time.monotonic() + timeout
+    while True:
+        c = w.take()
+        if c is not None:
+            merged.listed |= c.listed
+            if c.listed:
+                merged.seen.clear()
+            merged.seen.update(c.seen)
+        if until(merged):
+            return merged
+        assert time.monotonic() < deadline, f"timed out; got {merged}"
+        time.sleep(0.01)
+
+
+def test_parse_container_and_events() -> None:
+    c = parse_container({"Id": cid(1), "Name": "/web", "State": {"Running": True, "Pid": 7},
+                         "Config": {"Labels": {"a": "b", "n": 1, "x" * 5000: "y"}},
+                         "Mounts": [{"Type": "volume", "Driver": "dqoes", "Name": "v"},
+                                    {"Type": "bind", "Source": "/x"}, "junk"]})
+    assert (c.name, c.pid, c.running, c.labels, c.volumes) == \
+        ("web", 7, True, {"a": "b"}, (("dqoes", "v"),))
+    for bad in (None, [], {"Id": 1}, {"Id": "x", "Name": "/n", "State": {"Pid": "7"}}):
+        with pytest.raises(ValueError):
+            parse_container(bad)
+    assert parse_event(b'{"Type":"container","Action":"exec_start: sh","Actor":{"ID":"x"}}'
+                       ).action == "exec_start"
+    for line in (b"", b"[", b"[]", b'{"Type":1}', b"[" * 100000):
+        assert parse_event(line) is None
+
+
+def test_engine_errors_are_one_line(tmp_path: Path, engine: FakeEngine) -> None:
+    with pytest.raises(EngineError, match=r"Docker \(API at .*\): not running \(no socket\)"):
+        Engine(tmp_path / "none.sock").running()
+    assert Engine(engine.path).inspect("nosuch") is None
+    assert Engine(engine.path).services() is None  # not a manager
+
+
+def test_a_listing_at_connect_then_events(engine: FakeEngine, watcher: Watcher) -> None:
+    engine.add(cid(1), "web", LABELS, pid=11)
+    engine.add(cid(2), "plain", None, pid=12)  # neither labels nor volume: not ours
+    engine.add(cid(3), "vol", None, pid=13, volumes=(("dqoes", "v3"), ("local", "x")))
+    watcher.start()
+    first = collect(watcher, lambda c: c.listed)
+    assert first.seen == {
+        cid(1): Seen(cid(1), "web", Objective(0.04, "p95"), "label", None, resolved(11), None),
+        cid(3): Seen(cid(3), "vol", None, "label", None, resolved(13), Path("/vol/v3/ring"))}
+    assert watcher.container_id("plain") == cid(2)
+    engine.add(cid(4), "late", {**LABELS, "dqoes.metric": "nope"}, pid=14)
+    engine.event("container", "start", cid(4))
+    late = collect(watcher, lambda c: cid(4) in c.seen).seen[cid(4)]
+    assert late.objective is None and "unknown metric 'nope'" in late.error
+    engine.containers[cid(1)]["State"]["Running"] = False
+    engine.event("container", "die", cid(1))
+    assert collect(watcher, lambda c: cid(1) in c.seen).seen[cid(1)] is None
+    assert watcher.container_id("web") is None
+
+
+def test_a_restart_loop_settles_on_its_last_state(engine: FakeEngine, watcher: Watcher) -> None:
+    watcher.start()
+    collect(watcher, lambda c: c.listed)
+    engine.add(cid(5), "loop", LABELS, pid=15)
+    for _ in range(50):
+        engine.event("container", "start", cid(5))
+        engine.event("container", "die", cid(5))
+    engine.add(cid(6), "marker", LABELS, pid=16)
+    engine.event("container", "start", cid(6))  # comes after the loop's events
+    got = collect(watcher, lambda c: cid(6) in c.seen)
+    assert list(got.seen) == [cid(5), cid(6)]  # one entry per container, however many events
+    assert got.seen[cid(5)].name == "loop"
+
+
+def test_a_reconnect_lists_again_and_loses_nothing(engine: FakeEngine, watcher: Watcher) -> None:
+    engine.add(cid(1), "web", LABELS, pid=11)
+    watcher.start()
+    collect(watcher, lambda c: c.listed)
+    wait(lambda: engine.streams == 1)
+    engine.restart()  # dockerd goes away; meanwhile one container stops, one starts
+    del engine.containers[cid(1)]
+    engine.add(cid(2), "new", LABELS, pid=12)
+    again = collect(watcher, lambda c: c.listed)
+    assert set(again.seen) == {cid(2)}  # cid(1) is gone: not in the listing
+
+
+def test_service_labels_reach_the_tasks(engine: FakeEngine, watcher: Watcher) -> None:
+    task = {"com.docker.swarm.service.id": "svc1", "dqoes.target": "2s"}
+    engine.add(cid(1), "tagger.1.x", task, pid=11)
+    engine.services = [{"ID": "svc1", "Spec": {"Labels": {"dqoes.target": "1s"}}}]
+    watcher.start()
+    seen = collect(watcher, lambda c: c.listed).seen[cid(1)]
+    assert (seen.objective, seen.source) == (Objective(1.0, "p95"), "service")
+    engine.services = [{"ID": "svc1", "Spec": {"Labels": {}}}]
+    engine.event("service", "update", "svc1")
+    seen = collect(watcher, lambda c: cid(1) in c.seen).seen[cid(1)]
+    assert (seen.objective, seen.source) == (Objective(2.0, "p95"), "label")
+    # Pushed by another component (a worker node's engine cannot list services).
+    watcher.push_service_labels("svc1", {"dqoes.target": "3s", "dqoes.metric": "mean"})
+    seen = watcher.take().seen[cid(1)]
+    assert (seen.objective, seen.source) == (Objective(3.0, "mean"), "service")
+
+
+def test_two_hundred_containers_at_once_and_no_fd_leaked(engine: FakeEngine,
+                                                          watcher: Watcher) -> None:
+    fds = len(os.listdir("/proc/self/fd"))
+    watcher.start()
+    collect(watcher, lambda c: c.listed)
+    for i in range(200):
+        engine.add(cid(i), f"c{i}", LABELS, pid=100 + i)
+        engine.event("container", "start", cid(i))
+    got = collect(watcher, lambda c: len(c.seen) == 200, timeout=120)
+    assert all(s is not None and s.objective for s in got.seen.values())
+    for _ in range(3):
+        engine.restart()
+        collect(watcher, lambda c: c.listed and len(c.seen) == 200, timeout=120)
+    watcher.close()
+    engine.close()
+    wait(lambda: len(os.listdir("/proc/self/fd")) <= fds)
+
+
+def wait(predicate: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
