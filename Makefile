@@ -7,7 +7,7 @@ PREFIX ?= /usr/local
 # System packages for the real-kernel guest, then the package itself (editable) with its extras.
 deps:
 	bash lab/guest/install-deps
-	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench,lab]'
 
 # The demo runs here if this host has cgroup v2 with the cpu controller, else in a qemu guest
 # with a real kernel (lab/guest), which may write only to DEMO_OUT.
