@@ -1,12 +1,12 @@
 """Build dqoes-cg: the Python package and its cffi extension (dqoes_cg._native) from csrc/."""
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="dqoes-cg",
     version="0.1.0",
     description="Per-host QoE controller for containers on cgroup v2 (DQoES)",
-    packages=["dqoes_cg"],
+    packages=find_packages(include=["dqoes_cg", "dqoes_cg.*"]),
     python_requires=">=3.11",
     setup_requires=["cffi>=1.15"],
     install_requires=["cffi>=1.15", "numpy>=1.24", "psutil>=5.9", "jeepney>=0.8"],
