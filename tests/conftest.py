@@ -13,10 +13,13 @@ import pytest
 from lab.cgroups import cgroup2_cpu_mount, make_test_cgroup, remove_cgroup_tree
 from lab.guest.report import RESULTS_ENV, ResultWriter
 from lab.guest.routing import Route, route_items
+from lab.guest.swarm_guest import route_swarm_items
 from lab.guest.systemd_guest import route_systemd_items
+from lab.swarm import BUSYBOX, BUSYBOX_IMAGE, THREE_NODES, Swarm
 
 _route_key = pytest.StashKey[Route | None]()
 _systemd_route_key = pytest.StashKey[Route | None]()
+_swarm_route_key = pytest.StashKey[Route | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,13 +32,16 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     config.stash[_route_key] = route_items(config, items)
     config.stash[_systemd_route_key] = route_systemd_items(config, items)
+    config.stash[_swarm_route_key] = route_swarm_items(config, items)
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     lines = []
     for key, what, guest in ((_route_key, "kernel tests", "in a qemu guest, booted once"),
                              (_systemd_route_key, "end-to-end (guest_systemd) tests",
-                              "in a qemu guest with systemd as PID 1, booted once")):
+                              "in a qemu guest with systemd as PID 1, booted once"),
+                             (_swarm_route_key, "multi-node Swarm (guest_swarm) tests",
+                              "in a qemu guest running a Swarm of three engines, booted once")):
         route = config.stash.get(key, None)
         if route is not None:
             where = {"host": "on this host", "guest": guest, "skip": "skipped"}[route.where]
@@ -50,6 +56,16 @@ def cgroup2_mount() -> Path:
     if mount is None:
         pytest.skip("no cgroup v2 hierarchy with the cpu controller here (mark the test kernel)")
     return mount
+
+
+@pytest.fixture(scope="session")
+def swarm() -> Iterator[Swarm]:
+    """The Docker Swarm of three nodes of the swarm guest (lab/swarm.py), built once per
+    session and shared: a test that faults a node restores it, and removes its services.
+    Every node has the image BUSYBOX_IMAGE."""
+    swarm = Swarm(THREE_NODES).up(images={BUSYBOX_IMAGE: {"busybox": BUSYBOX}})
+    yield swarm
+    swarm.down()
 
 
 @pytest.fixture

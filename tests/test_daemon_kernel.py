@@ -21,7 +21,7 @@ from typing import TypeVar
 import pytest
 
 from lab import testbed
-from lab.guest.e2e import wait_for
+from lab.shell import wait_for
 from lab.testbed import solo_latency
 
 pytestmark = pytest.mark.kernel

@@ -38,10 +38,9 @@ from lab.guest.e2e import (
     docker_time,
     dqoesctl,
     journal_times,
-    sh,
     swarm_init,
-    wait_for,
 )
+from lab.shell import sh, wait_for
 
 pytestmark = pytest.mark.guest_systemd
 

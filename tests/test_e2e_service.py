@@ -39,10 +39,9 @@ from lab.guest.e2e import (
     artifacts,
     cpu_max,
     dqoesctl,
-    sh,
     start_scope,
-    wait_for,
 )
+from lab.shell import sh, wait_for
 
 pytestmark = pytest.mark.guest_systemd
 

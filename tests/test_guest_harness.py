@@ -12,6 +12,7 @@ import pytest
 from lab.guest.elf import ELF_MAGIC, has_pvh_note
 from lab.guest.initramfs import module_load_order
 from lab.guest.kernel import find_kernel, vmlinux_path
+from lab.guest.routing import Route, choose_own_guest_route
 from lab.guest.vm import Share, mount_order
 
 
@@ -82,3 +83,29 @@ def test_a_writable_share_inside_the_job_directory_is_mounted_after_it() -> None
     job = Share("workdir", Path("/tmp/checkout"))
     ctl = Share("ctl", Path("/tmp/dqoes-guest-x"), writable=True)
     assert mount_order([ctl, out, job]) == (ctl, job, out)
+
+
+@pytest.mark.parametrize(("env", "where"), [
+    ({"DQOES_GUEST_OWN": "1", "DQOES_GUEST": "1"}, "host"),  # its own guest's test run
+    ({"DQOES_GUEST": "1"}, "skip"),  # another guest
+    ({"DQOES_TEST_GUEST": "0"}, "skip"),
+    ({}, "guest"),
+])
+def test_tests_of_a_guest_of_their_own_go_there(monkeypatch: pytest.MonkeyPatch,
+                                                env: dict[str, str], where: str) -> None:
+    for name in ("DQOES_GUEST_OWN", "DQOES_GUEST", "DQOES_TEST_GUEST"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    route = choose_own_guest_route("DQOES_GUEST_OWN", "own guest", lambda: [], "why")
+    assert route.where == where, route
+
+
+def test_tests_of_a_guest_this_host_cannot_boot_are_skipped_with_what_is_missing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DQOES_GUEST_OWN", "DQOES_GUEST", "DQOES_TEST_GUEST"):
+        monkeypatch.delenv(name, raising=False)
+    route = choose_own_guest_route("DQOES_GUEST_OWN", "own guest",
+                                   lambda: ["docker.io", "pyroute2 (pip)"], "why")
+    assert route == Route("skip", "no own guest: missing docker.io, pyroute2 (pip) "
+                                  "(`make deps` installs them)")

@@ -12,8 +12,17 @@ import sys
 from pathlib import Path
 
 from .prereqs import missing_guest_packages
+from .swarm_guest import SWARM_INIT, SWARM_MEMORY_MIB, missing_swarm_guest_packages
 from .systemd_guest import SYSTEMD_INIT, missing_systemd_guest_packages
-from .vm import BUSYBOX_INIT, Guest, GuestConfig, GuestError, GuestTimeout, Share
+from .vm import (
+    BUSYBOX_INIT,
+    DEFAULT_MEMORY_MIB,
+    Guest,
+    GuestConfig,
+    GuestError,
+    GuestTimeout,
+    Share,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,14 +32,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds CMD may run (default: no limit)")
     parser.add_argument("--boot-timeout", type=float, default=60.0, metavar="S")
     parser.add_argument("--cpus", type=int, default=2)
-    parser.add_argument("--memory", type=int, default=2048, metavar="MIB")
+    parser.add_argument("--memory", type=int, default=None, metavar="MIB",
+                        help=f"default: {DEFAULT_MEMORY_MIB}, or {SWARM_MEMORY_MIB} with --swarm")
     parser.add_argument("--append", action="append", default=[], metavar="ARG",
                         help="extra kernel argument (repeatable), e.g. loglevel=7")
     parser.add_argument("--writable", action="append", default=[], type=Path, metavar="DIR",
                         help="a host directory the guest may write to, at the same path "
                              "(repeatable); everything else the guest writes is thrown away")
-    parser.add_argument("--systemd", action="store_true",
-                        help="boot the host's systemd as PID 1 (the end-to-end tests' guest)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--systemd", action="store_true",
+                      help="boot the host's systemd as PID 1 (the end-to-end tests' guest)")
+    mode.add_argument("--swarm", action="store_true",
+                      help="the guest of the multi-node Swarm (python3 -m lab.swarm)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="report the boot time")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -38,14 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")
-    missing = missing_systemd_guest_packages() if args.systemd else missing_guest_packages()
+    init_mode, missing, memory = (
+        (SYSTEMD_INIT, missing_systemd_guest_packages(), DEFAULT_MEMORY_MIB) if args.systemd
+        else (SWARM_INIT, missing_swarm_guest_packages(), SWARM_MEMORY_MIB) if args.swarm
+        else (BUSYBOX_INIT, missing_guest_packages(), DEFAULT_MEMORY_MIB))
     if missing:
-        print(f"cannot boot the guest: missing Debian packages {' '.join(missing)} "
-              "(run lab/guest/install-deps)", file=sys.stderr)
+        print(f"cannot boot the guest: missing {', '.join(missing)} "
+              "(`make deps` installs them)", file=sys.stderr)
         return 125
 
-    config = GuestConfig(init_mode=SYSTEMD_INIT if args.systemd else BUSYBOX_INIT,
-                         cpus=args.cpus, memory_mib=args.memory,
+    config = GuestConfig(init_mode=init_mode, cpus=args.cpus, memory_mib=args.memory or memory,
                          cmdline_extra=tuple(args.append), boot_timeout=args.boot_timeout,
                          shares=tuple(Share(f"rw{i}", d.resolve(), writable=True)
                                       for i, d in enumerate(args.writable)))

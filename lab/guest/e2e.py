@@ -8,27 +8,22 @@ timeouts are generous, and waits poll for a state instead of sleeping for a gues
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import subprocess
-import tarfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from dqoes_cg.actuator import parse_cpu_max
 from dqoes_cg.cgroup import resolve
 from dqoes_cg.control import request
 from dqoes_cg.status import ContainerStatus, Status
+from lab.images import DOCKER, import_image
+from lab.shell import sh
 
 from .systemd_guest import ARTIFACTS_ENV, GUEST_DIR, REPO
 
-T = TypeVar("T")
-DOCKER = "/usr/bin/docker"  # Debian's client, of the engine's version
 IMAGE = "dqoes-infer:e2e"
 BUSYBOX = "/bin/busybox"  # static (busybox-static): a shell in the image, for the tests
 APPLETS = ("sh", "ls", "cat", "dd", "df", "tail", "sleep", "touch")
@@ -38,30 +33,6 @@ SOCKET = RUN_DIR / "dqoes.sock"
 CGROUP = Path("/sys/fs/cgroup")
 DROP_IN = Path("/run/systemd/system/dqoesd.service.d/e2e.conf")
 _USEC = {"us": 1, "ms": 1_000, "s": 1_000_000, "min": 60_000_000}
-
-
-def sh(*argv: str | Path, timeout: float = 180) -> str:
-    """Run a command; its stdout. A failure raises with what it printed."""
-    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
-                            timeout=timeout)
-    if result.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, argv))} exited {result.returncode}:\n"
-                             f"{result.stdout}{result.stderr}")
-    return result.stdout
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str,
-             explain: Callable[[], str] = lambda: "", every: float = 2.0) -> T:
-    """Poll (each poll costs the emulated CPU that the workload runs on: not too often)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
-                                 + explain())
-        time.sleep(every)
 
 
 @dataclass(frozen=True)
@@ -148,16 +119,8 @@ class Docker:
     def import_image(self, infer: Path) -> None:
         """An image holding the static server and a static busybox (no registry is
         reachable)."""
-        data = io.BytesIO()
-        with tarfile.open(fileobj=data, mode="w") as tar:
-            tar.add(infer, arcname="infer")
-            tar.add(BUSYBOX, arcname="bin/busybox")
-            for applet in APPLETS:
-                link = tarfile.TarInfo(f"bin/{applet}")
-                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
-                tar.addfile(link)
-        subprocess.run([DOCKER, "import", "-", IMAGE], input=data.getvalue(), check=True,
-                       capture_output=True, timeout=300)
+        import_image([DOCKER], IMAGE, {"infer": infer, "bin/busybox": Path(BUSYBOX)},
+                     {f"bin/{applet}": "busybox" for applet in APPLETS})
 
     def run(self, name: str, units: int) -> str:
         """An inference container with its ring directory mounted as the README says."""

@@ -59,6 +59,23 @@ def choose_route() -> Route:
     return Route("guest", why)
 
 
+def choose_own_guest_route(own_env: str, guest: str, missing: Callable[[], list[str]],
+                           why: str) -> Route:
+    """Where tests go that run only in a guest of their own kind (`guest`, whose pytest has
+    `own_env`=1, and which this host cannot boot while `missing` names packages)."""
+    if os.environ.get(own_env) == "1":
+        return Route("host", f"this is the {guest}")
+    if os.environ.get(IN_GUEST_ENV) == "1":
+        return Route("skip", f"needs the {guest}, not this one")
+    if os.environ.get(FORCE_ENV) == "0":
+        return Route("skip", f"{FORCE_ENV}=0")
+    lacking = missing()
+    if lacking:
+        return Route("skip", f"no {guest}: missing {', '.join(lacking)} "
+                             "(`make deps` installs them)")
+    return Route("guest", why)
+
+
 # Markers the guest has already evaluated; the host must not evaluate them again.
 _GUEST_DECIDES = frozenset({"skip", "skipif", "xfail"})
 
@@ -189,12 +206,21 @@ class GuestRunner:
 def route_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
     """Apply the route to the selected kernel items, in place. The route, or None if no
     kernel test was selected."""
-    kernel_items = [item for item in items if item.get_closest_marker("kernel")]
-    if not kernel_items:
+    return route_marked(config, items, "kernel", choose_route,
+                        lambda nodeids: GuestRunner(config.rootpath, nodeids))
+
+
+def route_marked(config: pytest.Config, items: list[pytest.Item], marker: str,
+                 choose: Callable[[], Route],
+                 runner: Callable[[list[str]], GuestRunner]) -> Route | None:
+    """Route the selected items that carry `marker` (in place) as `choose` says, into one
+    guest run made by `runner` if they go to a guest. The route, or None if none was
+    selected."""
+    selected = [item for item in items if item.get_closest_marker(marker)]
+    if not selected:
         return None
-    route = choose_route()
-    apply_route(config, items, kernel_items, route,
-                lambda nodeids: GuestRunner(config.rootpath, nodeids))
+    route = choose()
+    apply_route(config, items, selected, route, runner)
     return route
 
 

@@ -9,7 +9,6 @@ session (like `kernel` tests, routing.py).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -20,8 +19,8 @@ import pytest
 
 from .initramfs import GUEST_DIR
 from .prereqs import missing_guest_packages
-from .routing import FORCE_ENV, IN_GUEST_ENV, GuestRunner, Route, apply_route
-from .vm import GuestConfig, InitMode, Share
+from .routing import GuestRunner, Route, choose_own_guest_route, route_marked
+from .vm import NO_APPARMOR, GuestConfig, InitMode, Share
 
 SYSTEMD_GUEST_ENV = "DQOES_GUEST_SYSTEMD"  # "1" in the systemd guest's test run
 ARTIFACTS_ENV = "DQOES_E2E_ARTIFACTS"  # what the host built for the tests (see below)
@@ -32,18 +31,13 @@ SYSTEMD_GUEST_TOOLS = {"systemd": "/lib/systemd/systemd", "dbus": "/usr/bin/dbus
                        "libc6-dev": "/usr/lib/x86_64-linux-gnu/libc.a"}
 
 SYSTEMD_INIT = InitMode("systemd", GUEST_DIR / "systemd-init", cmdline=(
-    "systemd.unit=dqoes-guest.target",
-    # Debian's default security modules less AppArmor, whose profile for containers
-    # dockerd fails to load here.
-    "lsm=landlock,lockdown,yama,integrity,bpf",
-    "systemd.show_status=error",
+    "systemd.unit=dqoes-guest.target", NO_APPARMOR, "systemd.show_status=error",
 ))
 
 
 def missing_systemd_guest_packages() -> list[str]:
     """Debian packages to install before a systemd guest can run the end-to-end tests."""
-    return missing_guest_packages() + [
-        package for package, path in SYSTEMD_GUEST_TOOLS.items() if not Path(path).exists()]
+    return missing_guest_packages(SYSTEMD_GUEST_TOOLS)
 
 
 def build_e2e_artifacts(into: Path) -> dict[str, str]:
@@ -60,26 +54,13 @@ def build_e2e_artifacts(into: Path) -> dict[str, str]:
 
 
 def choose_systemd_route() -> Route:
-    if os.environ.get(SYSTEMD_GUEST_ENV) == "1":
-        return Route("host", "this is the systemd test guest")
-    if os.environ.get(IN_GUEST_ENV) == "1":
-        return Route("skip", "needs the systemd test guest, not this one")
-    if os.environ.get(FORCE_ENV) == "0":
-        return Route("skip", f"{FORCE_ENV}=0")
-    missing = missing_systemd_guest_packages()
-    if missing:
-        return Route("skip", f"no systemd test guest: missing Debian packages "
-                             f"{' '.join(missing)} (run lab/guest/install-deps)")
-    return Route("guest", "they need systemd as PID 1 and Docker's engine")
+    return choose_own_guest_route(SYSTEMD_GUEST_ENV, "systemd test guest",
+                                  missing_systemd_guest_packages,
+                                  "they need systemd as PID 1 and Docker's engine")
 
 
 def route_systemd_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
     """Route the selected `guest_systemd` items (in place); None if none was selected."""
-    selected = [item for item in items if item.get_closest_marker("guest_systemd")]
-    if not selected:
-        return None
-    route = choose_systemd_route()
-
     def runner(nodeids: list[str]) -> GuestRunner:
         artifacts = Path(tempfile.mkdtemp(prefix="dqoes-e2e-"))
         config.add_cleanup(lambda: shutil.rmtree(artifacts, ignore_errors=True))
@@ -87,5 +68,4 @@ def route_systemd_items(config: pytest.Config, items: list[pytest.Item]) -> Rout
         return GuestRunner(config.rootpath, nodeids, guest,
                            prepare=lambda: build_e2e_artifacts(artifacts))
 
-    apply_route(config, items, selected, route, runner)
-    return route
+    return route_marked(config, items, "guest_systemd", choose_systemd_route, runner)

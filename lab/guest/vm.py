@@ -31,6 +31,7 @@ from .kernel import Kernel, find_kernel, vmlinux_path
 QEMU = "qemu-system-x86_64"
 MSIZE = 512000  # 9p message size: large reads and writes in few round trips
 POLL_INTERVAL = 0.05
+DEFAULT_MEMORY_MIB = 2048
 COMMAND_LINE_SIZE = 2048  # x86
 # Mounted afresh in the guest, hiding the host's: a job directory below them is shared.
 GUEST_PRIVATE_DIRS = (Path("/tmp"), Path("/run"), Path("/dev"))
@@ -103,6 +104,10 @@ BASE_CMDLINE = (
     "reboot=t",  # triple fault: a reboot (and panic=-1) always ends qemu (-no-reboot)
 )
 
+# Debian's default security modules less AppArmor, whose profile for containers dockerd fails
+# to load here: for the guests that run Docker's engine.
+NO_APPARMOR = "lsm=landlock,lockdown,yama,integrity,bpf"
+
 
 @dataclass
 class GuestConfig:
@@ -110,7 +115,7 @@ class GuestConfig:
 
     init_mode: InitMode = BUSYBOX_INIT
     cpus: int = 2
-    memory_mib: int = 2048
+    memory_mib: int = DEFAULT_MEMORY_MIB
     cmdline_extra: tuple[str, ...] = ()
     shares: tuple[Share, ...] = ()
     boot_timeout: float = 60.0
