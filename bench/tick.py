@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.cgroups import Cgroups, tmpfs_dir
+from bench.cgroups import FDS_PER_CONTAINER, Cgroups, tmpfs_dir
 from bench.timing import MIN_REPEATS, NotMeasured, Row, measure, summarize
 from dqoes_cg.controller import Config, Controller, ring_dir_name
 from dqoes_cg.probe import Probe
@@ -49,7 +49,6 @@ SAMPLE, DRAIN, WINDOW, POLICY, APPLY, READ_BACK = (
 PARTS = (SAMPLE, DRAIN, WINDOW, POLICY, APPLY, READ_BACK)
 REST = "Python around them (controller, fleet)"
 PROFILED = (SENSE, WRITE_ALL)
-FDS_PER_CONTAINER = 3  # cpu.stat, cpu.max, the ring
 TARGET_S = 0.1
 LATENCIES_S = (0.05, 0.1, 0.2)  # beats, meets, misses TARGET_S
 RECORDS_PER_TICK = 4

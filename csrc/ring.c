@@ -66,7 +66,7 @@ struct dq_ring_table {
     uint64_t *counters;
     int8_t *status;
     int8_t *last_fault;
-    struct dqoes_ring_slot *scratch; /* capacity slots: where pread copies a ring */
+    struct dqoes_ring_slot *scratch; /* capacity slots: where a drain copies new slots */
     uint64_t *hist;                  /* n * DQ_RING_NBUCKETS */
     struct reader *readers;
     int inotify_fd;         /* -1: none, every drain looks up every ring's path */

@@ -114,6 +114,7 @@ def test_quick_kernel_part_on_a_real_cgroup(cgroup2_mount: Path, tmp_path: Path)
 
     res = Results.from_json(json.loads(out.read_text()))
     assert {r.part for r in res.rows} == KERNEL_PARTS
-    assert all(r.where != FAKE and r.median_s > 0 for r in res.rows)
+    assert all(r.where != FAKE for r in res.rows)
+    assert all(r.median_s > 0 for r in res.rows if r.role != "part")
     assert len(res.daemon) == 1 and res.daemon[0].ticks >= 1
     assert not list(cgroup2_mount.glob("dqoes-bench-*"))  # the benchmark cgroups are gone
