@@ -2,6 +2,7 @@
 --no-stream` (the paper's way to sample) and `docker update --cpus` (its way to act), against
 CgroupTable.sample and CgroupTable.apply on those containers' cgroups, in the same run, with
 Docker's engine on each cgroup driver (cgroupfs, systemd), at each N of running containers.
+All in wall-clock time: Docker's tools do their work in other processes (dockerd, runc).
 
 It needs an engine it may configure and restart: it runs in the systemd guest of lab/guest
 (`python3 -m bench --part docker`, which boots one), never on a host's own engine. It starts
@@ -105,32 +106,33 @@ def measure_at(names: list[str], driver: str, repeats: int, budget_s: float) -> 
     n, where = len(names), place(driver)
     cases: list[tuple[str, str, Stats]] = []
     stats = measure(lambda: docker("stats", "--no-stream", *names), repeats=repeats,
-                    budget_s=budget_s)
+                    budget_s=budget_s, wall=True)
     cases.append((STATS, "baseline", stats))
     # One call per container costs the same whatever N is: timed over the first few, and
     # counted for all N, so that its ratio is per container like the others'.
     each = names[:UPDATE_EACH_TIMED]
     one_by_one = measure(_sequence([["update", "--cpus", "{cpus}", name] for name in each]),
-                         repeats=repeats, budget_s=budget_s)
+                         repeats=repeats, budget_s=budget_s, wall=True)
     scale = n / len(each)
     cases.append((UPDATE_EACH, "baseline", Stats(one_by_one.median * scale,
                                                  one_by_one.p10 * scale,
                                                  one_by_one.p90 * scale, one_by_one.repeats)))
     cases.append((UPDATE_ALL, "baseline", measure(
         _sequence([["update", "--cpus", "{cpus}", *names]]), repeats=repeats,
-        budget_s=budget_s)))
+        budget_s=budget_s, wall=True)))
     with CgroupTable(cgroups_of(names)) as table:
         if table.sample() != n:
             raise RuntimeError(f"CgroupTable.sample read {table.sample()} of {n} containers")
         cases.append((SAMPLE, "ours", measure(table.sample, repeats=repeats,
-                                              budget_s=budget_s)))
+                                              budget_s=budget_s, wall=True)))
         requests = itertools.cycle([np.full(n, q, np.int64) for q in QUOTAS_USEC])
 
         def apply() -> None:
             if table.apply(next(requests), DEFAULT_PERIOD_USEC) != n:
                 raise RuntimeError(f"CgroupTable.apply failed: {table.error(0)}")
 
-        cases.append((APPLY, "ours", measure(apply, repeats=repeats, budget_s=budget_s)))
+        cases.append((APPLY, "ours", measure(apply, repeats=repeats, budget_s=budget_s,
+                                             wall=True)))
         table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)
     versus = {STATS: SAMPLE, UPDATE_EACH: APPLY, UPDATE_ALL: APPLY}
     note = {UPDATE_EACH: f"timed over {len(each)} of the {n} containers, counted for all {n}"}

@@ -91,12 +91,15 @@ def check_targets(res: Results) -> list[Check]:
                  f"sample + drain + decide + all {n} cpu.max written"),
                 (tick.SENSE, SENSE_TARGET_S, "sample + drain (most ticks)")):
             row = res.find(tick.PART, case, where, n)
+            wall = res.find(tick.PART, case + tick.WALL, where, n)
             label = "whole tick" if case == tick.WRITE_ALL else "sense-only tick"
             checks.append(Check(
                 f"{label} at N={n} < {fmt_time(target)}", where,
                 _missing(n) if row is None else fmt_time(row.median_s),
                 None if row is None else row.median_s < target,
-                what + ("" if row is None else "; " + _slowest_parts(res, case, where, n))))
+                what + ("" if row is None else "; CPU time, the slowest parts: "
+                        + _slowest_parts(res, case, where, n))
+                + ("" if wall is None else f"; wall clock {fmt_time(wall.median_s)}")))
         checks.append(_flat_check(res, where))
     for where in res.places_of(ring_bench.PART):
         idle = next((r for r in res.rows if r.part == ring_bench.PART and r.where == where
@@ -321,7 +324,10 @@ def sections(res: Results) -> list[tuple[str, str, str]]:
          "classes and totals (checked before timing).",
          _per_n_section(res, policy_loop.PART, "x ours")),
         ("5. A whole tick, and the daemon",
-         "`Controller.tick` of the real controller; see bench/tick.py for the variants. "
+         "`Controller.tick` of the real controller; see bench/tick.py for the variants. A "
+         "tick is timed in the thread's CPU time, what it costs the daemon; the \"(wall "
+         "clock)\" rows give the same ticks' wall-clock time, which on a busy machine also "
+         "counts the time the process waited for a CPU. "
          "Then where the time of those ticks goes: the C calls and the policy, timed "
          "within the same ticks, and the Python around them. Then dqoesd itself, managing "
          "N containers for a minute (VmRSS counts the pages of the rings it has read, "
