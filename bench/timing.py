@@ -42,13 +42,16 @@ def summarize(samples: Sequence[float]) -> Stats:
 
 
 def measure(fn: Callable[[], object], *, repeats: int, budget_s: float,
-            setup: Callable[[], object] | None = None) -> Stats:
-    """Seconds per call of `fn`, after one untimed warm-up call.
+            setup: Callable[[], object] | None = None, wall: bool = False) -> Stats:
+    """Seconds per call of `fn`, after one untimed warm-up call: in the calling thread's CPU
+    time, what the call costs (on a busy machine a call that waited for a CPU took longer,
+    not more), or with `wall` in wall-clock time, for calls that wait on other processes.
 
     With `setup` (run untimed before each call) every repeat times one call; without, a
     repeat loops over as many calls as fill MIN_RUN_S. Stops early once `budget_s` is spent
     and MIN_REPEATS repeats are done.
     """
+    clock = time.perf_counter_ns if wall else time.thread_time_ns
     if setup is not None:
         setup()
     start = time.perf_counter()
@@ -60,10 +63,10 @@ def measure(fn: Callable[[], object], *, repeats: int, budget_s: float,
     while len(samples) < repeats:
         if setup is not None:
             setup()
-        start = time.perf_counter()
+        start_ns = clock()
         for _ in range(number):
             fn()
-        samples.append((time.perf_counter() - start) / number)
+        samples.append((clock() - start_ns) * 1e-9 / number)
         if len(samples) >= MIN_REPEATS and time.perf_counter() > deadline:
             break
     return summarize(samples)
@@ -72,7 +75,8 @@ def measure(fn: Callable[[], object], *, repeats: int, budget_s: float,
 @dataclass
 class Row:
     """One measured figure. `role` says how to read it: "ours" (dqoes-cg's path),
-    "baseline" (another way to do the same job) or "floor" (a lower bound for ours).
+    "baseline" (another way to do the same job), "floor" (a lower bound for ours) or
+    "part" (the share of one step in figures of "ours" measured at the same time).
     `versus` names the row of the same part, place and n its ratio is taken against
     (median / that median): a baseline against ours, ours against a floor."""
 

@@ -32,8 +32,8 @@ def latencies(rings: RingSet) -> list[int]:
 
 def test_defaults_agree_with_the_c_header() -> None:
     text = HEADER.read_text()
-    assert re.search(rf'#define DQOES_RING_DEFAULT_PATH "{DEFAULT_PATH}"', text)
-    assert re.search(rf'#define DQOES_RING_ENV "{ENV_VAR}"', text)
+    assert re.search(rf'#define DQOES_RING_DEFAULT_PATH\s+"{DEFAULT_PATH}"', text)
+    assert re.search(rf'#define DQOES_RING_ENV\s+"{ENV_VAR}"', text)
 
 
 def test_without_a_ring_recording_does_nothing(tmp_path: Path) -> None:
