@@ -212,12 +212,9 @@ def resolve_many(names: list[str], mount: Path, *, proc: Path = PROC,
     tree: list[PurePosixPath] | CgroupError | None = None
     for name in names:
         try:
-            if not name or "\0" in name or len(name) > 4096 or name in (".", ".."):
-                raise InvalidName(f"{name[:64]!r} is not a cgroup, container, unit or PID name")
-            if "/" in name:
-                found[name] = _resolve_path(name, mount)
-            elif name.isascii() and name.isdigit() and len(name) <= MAX_PID_DIGITS:
-                found[name] = _resolve_pid(name, mount, proc)
+            if not needs_walk(name):
+                found[name] = (_resolve_path(name, mount) if "/" in name
+                               else _resolve_pid(name, mount, proc))
             else:
                 if tree is None:
                     try:
@@ -231,6 +228,15 @@ def resolve_many(names: list[str], mount: Path, *, proc: Path = PROC,
         except CgroupError as e:
             found[name] = e
     return found
+
+
+def needs_walk(name: str) -> bool:
+    """Whether resolving `name` takes a walk of the whole cgroup tree (a container or a
+    unit name; a path or a PID does not). InvalidName if it can never name anything."""
+    if not name or "\0" in name or len(name) > 4096 or name in (".", ".."):
+        raise InvalidName(f"{name[:64]!r} is not a cgroup, container, unit or PID name")
+    return "/" not in name and not (name.isascii() and name.isdigit()
+                                    and len(name) <= MAX_PID_DIGITS)
 
 
 def systemd_unit(rel: PurePosixPath) -> str | None:
