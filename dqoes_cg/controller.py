@@ -82,6 +82,7 @@ class Controller:
                                            docker_root=cfg.docker_root)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
+        self._rings: dict[str, Path] = {}
         self.counters = Counters(interval=cfg.params.iv_initial)
         self._next_rebind = 0.0
         self.fd_limit = open_file_limit()
@@ -184,7 +185,14 @@ class Controller:
                 log.error("cannot record new bindings: %s", e)
 
     def ring(self, name: str) -> Path:
-        return ring_path(self.cfg.run_dir, ring_dir_name(name))
+        """The ring of target `name`; kept while it is a target (paths cost a rebuild and
+        a status most of their time otherwise)."""
+        path = self._rings.get(name)
+        if path is None:
+            path = ring_path(self.cfg.run_dir, ring_dir_name(name))
+            if name in self.targets:
+                self._rings[name] = path
+        return path
 
     def _ensure_ring(self, name: str) -> Path:
         path = self.ring(name)
@@ -239,6 +247,7 @@ class Controller:
         self.targets.unset(name)
         self.policy.reset()
         ring = self.ring(name)
+        self._rings.pop(name, None)
         with contextlib.suppress(OSError):  # a container still has it open: harmless
             ring.unlink()
             ring.parent.rmdir()
