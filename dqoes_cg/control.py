@@ -167,6 +167,9 @@ class ControlServer:
             conn.setblocking(False)
             self._clients[conn] = _Client(peer, time.monotonic() + CLIENT_DEADLINE_S)
             self._selector.register(conn, selectors.EVENT_READ)
+            # Its request is usually there already: answered now, not after the next tick
+            # (a look after an overrunning tick is a single pass).
+            self._read(conn)
 
     def _room_for(self, peer: Peer) -> bool:
         same = sum(1 for c in self._clients.values() if c.peer.uid == peer.uid)
