@@ -208,11 +208,14 @@ class Controller:
     def set_target(self, name: str, target_s: float, metric: str, pending: bool,
                    source: str = "cli") -> Listing:
         """Give a container a target (or a new one). TargetError or StateError: nothing
-        changed."""
+        changed. The policy runs again at once for a new objective; a new target makes it
+        run when it joins the tables (a rebuild resets the policy), not at every request
+        of a stream of them."""
         if name in self.targets:
             target = self.targets.change(name, target_s, metric, source)
             if name in self.fleet.slot:
                 self.fleet.set_target(name, target.target_s, target.metric)
+                self.policy.reset()
         else:
             if len(self.targets) >= self.max_targets:
                 raise TargetError(
@@ -221,7 +224,6 @@ class Controller:
                     f"{self.fd_limit:,} (raise LimitNOFILE= of dqoesd.service)")
             target = self.targets.add(name, target_s, metric, self._find(name, pending),
                                       pending, source, lambda: self._ensure_ring(name))
-        self.policy.reset()
         return self.describe(name)
 
     def _find(self, name: str, pending: bool) -> Resolved | CgroupError:
@@ -244,8 +246,7 @@ class Controller:
             mask = np.zeros(len(self.fleet), bool)
             mask[i] = True
             restored = self.actuator.restore(mask)[0]
-        self.targets.unset(name)
-        self.policy.reset()
+        self.targets.unset(name)  # the rebuild that follows resets the policy
         ring = self.ring(name)
         self._rings.pop(name, None)
         with contextlib.suppress(OSError):  # a container still has it open: harmless
