@@ -7,7 +7,9 @@ never a duration."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -24,9 +26,10 @@ from dqoes_cg.cgroup import resolve_many
 from dqoes_cg.config import Config
 from dqoes_cg.control import ControlServer, Peer, request
 from dqoes_cg.controller import FD_RESERVE, FDS_PER_TARGET, REBUILD_SHARE, WALK_SHARE
+from dqoes_cg.policy import Decision, Observation
 from dqoes_cg.targets import ResolveMany, TargetError
 from lab.fakecg import make_cgroup
-from tests.test_controller import Host
+from tests.test_controller import FixedPolicy, Host
 
 CONTAINER_ID = "ab" * 32
 
@@ -71,6 +74,47 @@ def test_new_targets_join_in_batches_when_a_rebuild_is_expensive(
     c.unset_target(a)
     c.tick(time.monotonic())
     assert c.fleet.names == [b]
+    c.shutdown()
+
+
+class OnDemandPolicy(FixedPolicy):
+    """Runs only when reset (or resized, which implies it), and counts its rounds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = False
+        self.rounds = 0
+
+    def resize(self, n: int) -> None:
+        super().resize(n)
+        self.reset()
+
+    def reset(self) -> None:
+        self.asked = True
+
+    def due(self, now: float) -> bool:
+        return self.asked
+
+    def decide(self, obs: Observation, now: float) -> Decision:
+        self.asked = False
+        self.rounds += 1
+        return super().decide(obs, now)
+
+
+def test_a_stream_of_new_targets_does_not_make_the_policy_run_at_every_tick(
+        host: Host, expensive: float) -> None:
+    policy = OnDemandPolicy()
+    c = host.controller(policy)
+    c.set_target("docker/" + "a" * 64, 0.1, "mean", False)
+    for k in range(16):  # a new target every tick; they join every 8 ticks
+        make_cgroup(host.mount, f"docker/c{k:03d}")
+        c.set_target(f"docker/c{k:03d}", 0.1, "mean", False)
+        c.tick(time.monotonic())
+    assert len(c.fleet) > 1
+    assert policy.rounds <= 3  # when they joined, not 16 times
+    c.set_target("docker/" + "a" * 64, 0.2, "mean", False)  # a new objective: at once
+    c.tick(time.monotonic())
+    assert policy.rounds <= 4 and not policy.asked
     c.shutdown()
 
 
@@ -190,6 +234,24 @@ def test_a_reply_slower_to_make_than_the_client_deadline_is_sent_whole(
             stop.set()
             thread.join()
             server.close()
+
+
+def test_a_request_waiting_when_a_tick_overran_is_answered_in_one_look(
+        tmp_path: Path) -> None:
+    """After a tick longer than the sample interval the loop looks once: a request that
+    waited in the backlog is answered in that look, not one tick later."""
+    server = ControlServer(tmp_path / "s.sock", lambda op, req, peer: "pong",
+                           {"status": False})
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(str(server.path))
+        client.sendall(b'{"version": 1, "op": "status"}\n')
+        server.poll(-1.0)  # what the loop does after a tick that overran
+        reply = client.recv(4096, socket.MSG_DONTWAIT)
+        assert json.loads(reply) == {"version": 1, "ok": True, "result": "pong"}
+    finally:
+        client.close()
+        server.close()
 
 
 # --- the real daemon ----------------------------------------------------------------------
