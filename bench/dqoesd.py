@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,16 @@ from dqoes_cg.control import request
 DQOESD = (sys.executable, "-m", "dqoes_cg.daemon")
 STOP_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 120.0  # a status of 10,000 containers on an emulated CPU
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM ends a benchmark as an interrupt does: its daemon stopped, its cgroups and
+    files removed on the way out."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 class Dqoesd:

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from bench.cgroups import Cgroups, raise_fd_limit, tmpfs_dir
-from bench.dqoesd import Dqoesd
+from bench.dqoesd import Dqoesd, interrupt_on_sigterm
 from bench.timing import FAKE, Stats, fmt_time, kernel_place, summarize
 from dqoes_cg.cgroup import resolve_many
 from dqoes_cg.control import DaemonUnavailable, RequestError
@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a fake tree on tmpfs even where a real cgroup v2 hierarchy is")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
+    interrupt_on_sigterm()
     ns = [int(x) for x in args.ns.split(",")]
     mount = None if args.fake else cgroup2_cpu_mount()
     rep = Report(meta={"place": place(mount is None), "machine": machine(), "commit": commit(),

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from bench.cgroups import Cgroups, tmpfs_dir
-from bench.dqoesd import Dqoesd
+from bench.dqoesd import Dqoesd, interrupt_on_sigterm
 from bench.scale import place
 from bench.timing import FAKE
 from dqoes_cg.control import DaemonUnavailable, RequestError
@@ -457,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a fake tree on tmpfs even where a real cgroup v2 hierarchy is")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
+    interrupt_on_sigterm()
     mount = None if args.fake else cgroup2_cpu_mount()
     result = soak(mount, args.minutes, args.traced_minutes, args.stable, args.live)
     meta = {"machine": machine(), "commit": commit(),
