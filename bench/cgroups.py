@@ -85,11 +85,12 @@ def raise_fd_limit(needed: int) -> int:
 
 
 class Cgroups:
-    """n cgroups `dirs` under `mount` (or a fake tree), removed by `close`; `fd_room`: how
-    many descriptors this process may still open."""
+    """n cgroups `dirs` under `mount` (or a fake tree), removed by `close`, an idle process
+    in each of the first `processes`; `fd_room`: how many descriptors this process may
+    still open."""
 
-    def __init__(self, n: int, mount: Path | None) -> None:
-        self.fd_room = raise_fd_limit(FDS_PER_CONTAINER * n)
+    def __init__(self, n: int, mount: Path | None, processes: int = IDLE_PROCESSES) -> None:
+        self.fd_room = raise_fd_limit(FDS_PER_CGROUP * n)
         self.fake = mount is None
         self.where = FAKE if self.fake else kernel_place()
         self._holder: subprocess.Popen[str] | None = None
@@ -103,7 +104,7 @@ class Cgroups:
         self.dirs = [self.parent / f"c{i:05d}" for i in range(n)]
         try:
             self._make()
-            self.processes = self._start_processes(min(n, IDLE_PROCESSES))
+            self.processes = self._start_processes(min(n, processes))
         except BaseException:
             self.close()
             raise

@@ -11,7 +11,10 @@ SO_PEERCRED, never by what it claims.
 
 The server is non-blocking and driven by the daemon's loop (`poll`), so a slow or hostile
 client delays nothing but itself: replies are buffered and sent as the client reads them,
-every connection has a deadline, and a user other than root may hold at most
+every connection has a deadline (CLIENT_DEADLINE_S to send its request, then as long
+between the reply being ready and each part of it being read: the time the daemon takes
+to make a reply, a status of thousands of containers, is not the client's), and a user
+other than root may hold at most
 MAX_CLIENTS_PER_UID connections and MAX_BUFFERED bytes of unsent replies; root is always
 served (up to MAX_ROOT_CLIENTS).
 """
@@ -164,6 +167,9 @@ class ControlServer:
             conn.setblocking(False)
             self._clients[conn] = _Client(peer, time.monotonic() + CLIENT_DEADLINE_S)
             self._selector.register(conn, selectors.EVENT_READ)
+            # Its request is usually there already: answered now, not after the next tick
+            # (a look after an overrunning tick is a single pass).
+            self._read(conn)
 
     def _room_for(self, peer: Peer) -> bool:
         same = sum(1 for c in self._clients.values() if c.peer.uid == peer.uid)
@@ -197,6 +203,7 @@ class ControlServer:
                                   ).encode() + b"\n"
             self._buffered += len(data)
         client.reply = memoryview(data)
+        client.deadline = time.monotonic() + CLIENT_DEADLINE_S
         self._selector.modify(conn, selectors.EVENT_WRITE)
         self._send(conn)
 
@@ -213,6 +220,7 @@ class ControlServer:
         if client.peer.uid != 0:
             self._buffered -= sent
         client.reply = client.reply[sent:]
+        client.deadline = time.monotonic() + CLIENT_DEADLINE_S
         if not client.reply:
             self._drop(conn)
 

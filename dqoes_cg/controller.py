@@ -13,14 +13,22 @@ One tick (every sample interval), for all bound containers at once:
 
 The per-tick path is C calls and numpy on preallocated per-slot arrays. Python work per
 container happens only when membership changes (targets.py): the fleet and the actuator
-are then rebuilt once, at the next tick, whatever the number of changes since the last.
+are then rebuilt once, whatever the number of changes since the last. A target removed (or
+a cgroup gone) is out of the tables at the next tick: nothing may be written to a cgroup
+given back. New targets join at the next tick too, unless rebuilding would then take more
+than REBUILD_SHARE of the loop's CPU time: a rebuild costs O(N), and paced so, adding a
+target costs the same at any N (new targets wait a few ticks instead). Likewise the look
+for pending containers, a walk of the whole cgroup tree off the loop, takes at most
+WALK_SHARE of a CPU, and a request never walks the tree for a pending name.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import resource
 import time
 from functools import partial
 from pathlib import Path
@@ -31,6 +39,7 @@ from .actuator import Actuator
 from .cgroup import (
     CgroupError,
     InvalidName,
+    Resolved,
     Runtime,
     check_name,
     find_cgroup2_mount,
@@ -38,7 +47,7 @@ from .cgroup import (
     require_cpu_on_mount,
     resolve_many,
 )
-from .cgtable import CgroupTable
+from .cgtable import FDS_PER_CGROUP, CgroupTable
 from .config import Config
 from .fleet import Fleet
 from .policy import Cls, Policy, make_policy
@@ -50,6 +59,16 @@ from .targets import Binder, ResolveMany, TargetError, Targets
 from .watcher import Seen, Watcher
 
 log = logging.getLogger(__name__)
+
+FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max and the ring, while bound
+FD_RESERVE = 512
+"""Descriptors kept for all but the targets: the control socket's clients (at most 288),
+the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
+REBUILD_SHARE = 0.2
+"""At most this share of the loop's CPU time goes to rebuilds that only add targets."""
+WALK_SHARE = 0.1
+"""At most this share of a CPU goes to looking for pending containers: each look is a walk
+of the whole cgroup tree (in the Binder's thread, but it holds the interpreter's lock)."""
 
 
 class Controller:
@@ -68,15 +87,22 @@ class Controller:
         self._resolve = resolve or partial(resolve_many, mount=self.mount, runtimes=runtimes)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
+        self._rings: dict[str, Path] = {}
         self.counters = Counters(interval=cfg.params.iv_initial)
         self._next_rebind = 0.0
+        self.fd_limit = open_file_limit()
+        self.max_targets = max(0, (self.fd_limit - FD_RESERVE) // FDS_PER_TARGET)
+        if len(self.targets) > self.max_targets:
+            log.error("%d targets, but the open-file limit (%d) holds %d: raise it",
+                      len(self.targets), self.fd_limit, self.max_targets)
         self.targets.readopt()
         for t in self.targets:
             if t.ring is None:
                 self._ensure_ring(t.name)
         self.fleet: Fleet | None = None
         self.actuator: Actuator | None = None
-        self._built = -1
+        self._built = self._built_removed = -1
+        self._rebuild_tick = 0  # the first tick at which new targets may join
         self._rebuild(time.monotonic())
         log.info("re-adopted %d target(s), %d bound", len(self.targets), len(self.fleet))
 
@@ -114,12 +140,17 @@ class Controller:
     # --- membership --------------------------------------------------------------------
 
     def _rebuild_if_changed(self, now: float) -> None:
-        if self.targets.version != self._built:
-            self._rebuild(now)
+        t = self.targets
+        if t.version == self._built:
+            return
+        if t.removed == self._built_removed and self.counters.ticks < self._rebuild_tick:
+            return  # only additions, and too soon after the last rebuild
+        self._rebuild(now)
 
     def _rebuild(self, now: float) -> None:
         """New per-slot tables for the bound targets, taking over the open files and the
         per-container state of the old ones."""
+        cpu = time.thread_time()  # not wall time: the same on a busy host
         bound = self.targets.bound()
         old_fleet, old_actuator = self.fleet, self.actuator
         table = CgroupTable([t.cgroup for t in bound],
@@ -135,7 +166,10 @@ class Controller:
         if old_fleet is not None:
             old_fleet.table.close()  # what the new table did not take over
         self.policy.resize(len(self.fleet))
-        self._built = self.targets.version
+        self._built, self._built_removed = self.targets.version, self.targets.removed
+        cost = time.thread_time() - cpu
+        self._rebuild_tick = self.counters.ticks + math.ceil(
+            cost * (1 / REBUILD_SHARE - 1) / self.cfg.sample_interval)
 
     def _release_gone(self) -> None:
         gone = [self.fleet.names[i] for i in np.flatnonzero(self.fleet.gone)]
@@ -151,17 +185,27 @@ class Controller:
             self.binder.ask([n for n in self.targets.pending()
                              if self.targets.get(n).source not in ENGINE_SOURCES])
         found = self.binder.answers()
-        if found:
+        if found:  # a look is over: the next waits for its cost to be WALK_SHARE of the time
+            self._next_rebind = max(self._next_rebind,
+                                    now + self.binder.cost * (1 / WALK_SHARE - 1))
             try:
                 self.targets.bind(found)
             except StateError as e:
                 log.error("cannot record new bindings: %s", e)
 
     def ring(self, name: str) -> Path:
+        """The ring of target `name`: its volume's, or its own under the run directory (that
+        path kept while it is a target: paths cost a rebuild and a status most of their time
+        otherwise)."""
         target = self.targets.find(name)
         if target is not None and target.ring is not None:
             return Path(target.ring)
-        return ring_path(self.cfg.run_dir, ring_dir_name(name))
+        path = self._rings.get(name)
+        if path is None:
+            path = ring_path(self.cfg.run_dir, ring_dir_name(name))
+            if target is not None:
+                self._rings[name] = path
+        return path
 
     def _ensure_ring(self, name: str) -> Path:
         path = self.ring(name)
@@ -240,7 +284,6 @@ class Controller:
         self.targets.add(seen.name, target_s, metric, seen.cgroup, True, source,
                          (lambda: None) if ring else (lambda: self._ensure_ring(seen.name)),
                          ring=ring)
-        self.policy.reset()
 
     def _drop_engine_target(self, name: str, why: str, force: bool = False) -> None:
         target = self.targets.find(name)
@@ -262,29 +305,35 @@ class Controller:
     def set_target(self, name: str, target_s: float, metric: str, pending: bool,
                    source: str = "cli") -> Listing:
         """Give a container a target (or a new one). TargetError or StateError: nothing
-        changed."""
+        changed. The policy runs again at once for a new objective; a new target makes it
+        run when it joins the tables (a rebuild resets the policy), not at every request
+        of a stream of them."""
         if name in self.targets:
             target = self.targets.change(name, target_s, metric, source)
             if name in self.fleet.slot:
                 self.fleet.set_target(name, target.target_s, target.metric)
+                self.policy.reset()
         else:
-            # A pending container or unit name is looked for by the binder, with all the
-            # others, at its next walk of the tree: a request costs the same whatever the
-            # number of targets and cgroups.
-            found = self._look_later(name) if pending and needs_walk(name) else \
-                self._resolve([name])[name]
-            target = self.targets.add(name, target_s, metric, found, pending, source,
-                                      lambda: self._ensure_ring(name))
-        self.policy.reset()
+            if len(self.targets) >= self.max_targets:
+                raise TargetError(
+                    f"no room for more than {self.max_targets:,} targets: each holds "
+                    f"{FDS_PER_TARGET} open files, and the open-file limit is "
+                    f"{self.fd_limit:,} (raise LimitNOFILE= of dqoesd.service)")
+            target = self.targets.add(name, target_s, metric, self._find(name, pending),
+                                      pending, source, lambda: self._ensure_ring(name))
         return self.describe(name)
 
-    @staticmethod
-    def _look_later(name: str) -> CgroupError:
-        try:
-            check_name(name)
-        except InvalidName as e:
-            return e
-        return CgroupError("looking for it")
+    def _find(self, name: str, pending: bool) -> Resolved | CgroupError:
+        """What `name` names now. A pending name that only a walk of the cgroup tree can
+        find is left to the Binder, with all the others, at its next walk: a walk costs as
+        much as the tree is big, and the loop would answer nobody meanwhile."""
+        if pending and needs_walk(name):
+            try:
+                check_name(name)
+            except InvalidName as e:
+                return e
+            return CgroupError("not looked for yet")
+        return self._resolve([name])[name]
 
     def unset_target(self, name: str) -> str | None:
         """Remove a target set by dqoesctl; returns the cpu.max given back (None: never
@@ -310,6 +359,7 @@ class Controller:
         own_ring = self.targets.get(name).ring is None
         ring = self.ring(name)
         self.targets.unset(name)
+        self._rings.pop(name, None)
         self.policy.reset()
         if own_ring:  # a volume's ring is the volume driver's
             with contextlib.suppress(OSError):  # a container still has it open: harmless
@@ -349,3 +399,14 @@ class Controller:
             self.actuator.restore(np.ones(len(self.fleet), bool))
         self.fleet.close()
         self.targets.store.close()
+
+
+def open_file_limit() -> int:
+    """RLIMIT_NOFILE, with the soft limit first lifted to the hard one where it is lower
+    (the loop waits with epoll, not select: descriptors above 1,024 are fine)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return (1 << 30) if soft == resource.RLIM_INFINITY else soft

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -73,7 +73,7 @@ class Status:
     containers: list[ContainerStatus]
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": asdict(self.host),
+        return {"host": _fields(self.host),
                 "containers": [_container_json(c) for c in self.containers]}
 
     @classmethod
@@ -98,7 +98,7 @@ class Listing:
     reason: str | None = None  # why it is pending or invalid
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return _fields(self)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Listing:
@@ -178,8 +178,14 @@ def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields by name: `asdict` without its deep copy, which took most of the
+    time of a status of thousands of containers (the loop waits for it)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
 def _container_json(c: ContainerStatus) -> dict[str, Any]:
-    doc = asdict(c)
+    doc = _fields(c)
     return {"name": doc.pop("name"), "class": doc.pop("cls"), **doc}
 
 

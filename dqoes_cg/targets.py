@@ -6,7 +6,7 @@ A target is *bound* when its cgroup is known and *pending* while it is not: set 
 --pending before its container exists, or back from bound when its cgroup went away. The
 cgroups of pending targets are looked for off the loop (`Binder`), one walk of the cgroup
 tree for all of them. `version` counts changes of the bound set: the loop rebuilds its
-per-slot tables when it moves.
+per-slot tables when it moves, and at once when `removed` does (a cgroup left it).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +38,8 @@ class Targets:
         self._targets = store.load()
         self._by_cgroup = {t.cgroup: t.name for t in self._targets.values() if t.cgroup}
         self.reasons: dict[str, str] = {}  # why a pending target is pending
-        self.version = 0
+        self.version = 0  # changes of the bound set
+        self.removed = 0  # those of them that took a cgroup out of it
 
     def __iter__(self) -> Iterator[Target]:
         return iter(self._targets.values())
@@ -109,6 +111,7 @@ class Targets:
         if target.cgroup:
             self._by_cgroup.pop(target.cgroup, None)
             self.version += 1
+            self.removed += 1
         self._compact_if_due()
         return target
 
@@ -193,7 +196,7 @@ class Targets:
     def _save(self, *targets: Target, membership: bool = True) -> None:
         """Persist, then change memory (StateError: nothing changed)."""
         self.store.put(*targets)
-        moved = False
+        moved = left = False
         for t in targets:
             old = self._targets.get(t.name)
             if old is not None and old.cgroup:
@@ -202,9 +205,11 @@ class Targets:
                 self._by_cgroup[t.cgroup] = t.name
             before = (None, None) if old is None else (old.cgroup, old.cgroup_id)
             moved |= before != (t.cgroup, t.cgroup_id)
+            left |= before[0] is not None and before != (t.cgroup, t.cgroup_id)
             self._targets[t.name] = t
         if membership and moved:
             self.version += 1
+            self.removed += left
         self._compact_if_due()
 
     def _compact_if_due(self) -> None:
@@ -222,8 +227,8 @@ def _check(target_s: float, metric: str) -> None:
 class Binder:
     """Finds the cgroups of pending targets off the loop. `ask(names)` hands a batch to a
     thread of its own (if none is in progress), which resolves them all against one walk
-    of the cgroup tree; `answers()` returns what it found, without waiting. With
-    `threaded=False` (tests), `ask` resolves at once."""
+    of the cgroup tree; `answers()` returns what it found, without waiting; `cost` is the
+    CPU time the last batch took. With `threaded=False` (tests), `ask` resolves at once."""
 
     def __init__(self, resolve_many: ResolveMany, threaded: bool = True) -> None:
         self._resolve_many = resolve_many
@@ -231,12 +236,13 @@ class Binder:
             queue.SimpleQueue()
         self._busy = threading.Event()
         self._threaded = threaded
+        self.cost = 0.0
 
     def ask(self, names: list[str]) -> None:
         if not names or self._busy.is_set():
             return
         if not self._threaded:
-            self._answers.put(self._resolve_many(names))
+            self._run(names)
             return
         self._busy.set()
         threading.Thread(target=self._run, args=(names,), name="dqoes-binder",
@@ -251,11 +257,13 @@ class Binder:
                 return found
 
     def _run(self, names: list[str]) -> None:
+        cpu = time.thread_time()
         try:
             self._answers.put(self._resolve_many(names))
         except Exception:  # a bug must not end the search for good
             log.exception("looking for pending containers failed")
         finally:
+            self.cost = time.thread_time() - cpu
             self._busy.clear()
 
 

@@ -1,0 +1,319 @@
+"""The daemon at scale (finding 13 of issue 17): a request costs the same at any number of
+targets, and the loop answers root and keeps ticking whatever a rebuild of its tables or
+the look for pending containers costs. bench/scale.py measures it; these tests check the
+rules that make it so, on fake cgroup trees (the real kernel adds nothing to them), and
+never a duration."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.cgroups import tmpfs_dir
+from bench.dqoesd import Dqoesd
+from dqoes_cg import control
+from dqoes_cg import controller as controller_module
+from dqoes_cg.cgroup import resolve_many
+from dqoes_cg.config import Config
+from dqoes_cg.control import ControlServer, Peer, request
+from dqoes_cg.controller import FD_RESERVE, FDS_PER_TARGET, REBUILD_SHARE, WALK_SHARE
+from dqoes_cg.policy import Decision, Observation
+from dqoes_cg.targets import ResolveMany, TargetError
+from lab.fakecg import make_cgroup
+from tests.test_controller import FixedPolicy, Host
+
+CONTAINER_ID = "ab" * 32
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    return Host(tmp_path)
+
+
+@pytest.fixture
+def expensive(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Every stretch of CPU time the daemon measures (a rebuild, a walk) costs this many
+    seconds: the pacing is tested without a big tree or a slow machine."""
+    step = 2.0
+    clock = itertools.count()
+    monkeypatch.setattr(time, "thread_time", lambda: step * next(clock))
+    return step
+
+
+def _controller(host: Host, resolve: ResolveMany) -> controller_module.Controller:
+    cfg = Config(mount=host.mount, state_dir=host.tmp / "state", run_dir=host.tmp / "run",
+                 cpus=2)
+    return controller_module.Controller(cfg, policy=host.policy, resolve=resolve,
+                                        threaded_binder=False)
+
+
+def test_new_targets_join_in_batches_when_a_rebuild_is_expensive(
+        host: Host, expensive: float) -> None:
+    a, b = "docker/" + "a" * 64, "docker/" + "b" * 64
+    c = host.controller()  # its first rebuild "costs" 2 s of CPU
+    wait = round(expensive * (1 / REBUILD_SHARE - 1) / c.cfg.sample_interval)
+    c.set_target(a, 0.1, "mean", False)
+    for _ in range(wait - 1):
+        c.tick(time.monotonic())
+        assert c.fleet.names == []  # rebuilding now would exceed its share
+    c.tick(time.monotonic())
+    assert c.fleet.names == [a]
+    c.set_target(b, 0.1, "mean", False)
+    c.tick(time.monotonic())
+    assert c.fleet.names == [a]  # b waits for its batch
+    # A removal does not wait: nothing may be written to a cgroup given back. b joins with it.
+    c.unset_target(a)
+    c.tick(time.monotonic())
+    assert c.fleet.names == [b]
+    c.shutdown()
+
+
+class OnDemandPolicy(FixedPolicy):
+    """Runs only when reset (or resized, which implies it), and counts its rounds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = False
+        self.rounds = 0
+
+    def resize(self, n: int) -> None:
+        super().resize(n)
+        self.reset()
+
+    def reset(self) -> None:
+        self.asked = True
+
+    def due(self, now: float) -> bool:
+        return self.asked
+
+    def decide(self, obs: Observation, now: float) -> Decision:
+        self.asked = False
+        self.rounds += 1
+        return super().decide(obs, now)
+
+
+def test_a_stream_of_new_targets_does_not_make_the_policy_run_at_every_tick(
+        host: Host, expensive: float) -> None:
+    policy = OnDemandPolicy()
+    c = host.controller(policy)
+    c.set_target("docker/" + "a" * 64, 0.1, "mean", False)
+    for k in range(16):  # a new target every tick; they join every 8 ticks
+        make_cgroup(host.mount, f"docker/c{k:03d}")
+        c.set_target(f"docker/c{k:03d}", 0.1, "mean", False)
+        c.tick(time.monotonic())
+    assert len(c.fleet) > 1
+    assert policy.rounds <= 3  # when they joined, not 16 times
+    c.set_target("docker/" + "a" * 64, 0.2, "mean", False)  # a new objective: at once
+    c.tick(time.monotonic())
+    assert policy.rounds <= 4 and not policy.asked
+    c.shutdown()
+
+
+def test_the_look_for_pending_containers_takes_a_bounded_share(
+        host: Host, expensive: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    looked: list[float] = []
+    now = 1000.0
+
+    def resolve(names: list[str]) -> dict:
+        looked.append(now)
+        return resolve_many(names, host.mount)
+
+    c = _controller(host, resolve)
+    c.set_target("web", 0.1, "mean", True)
+    for step in range(30):
+        now = 1000.0 + step
+        c.tick(now)
+    # Each look "costs" 2 s of CPU: the next comes no sooner than 2 s * (1/share - 1).
+    spacing = expensive * (1 / WALK_SHARE - 1)
+    assert looked[0] == 1000.0
+    assert all(later - earlier >= spacing for earlier, later in itertools.pairwise(looked))
+    assert len(looked) >= 2  # but it goes on
+    c.shutdown()
+
+
+def test_a_pending_container_name_is_looked_for_by_the_binder_not_the_request(
+        host: Host) -> None:
+    resolved: list[list[str]] = []
+
+    def resolve(names: list[str]) -> dict:
+        resolved.append(list(names))
+        return resolve_many(names, host.mount)
+
+    c = _controller(host, resolve)
+    listed = c.set_target(CONTAINER_ID, 0.1, "mean", True)
+    assert resolved == []  # no walk of the tree in the request
+    assert (listed.state, listed.reason) == ("pending", "not looked for yet")
+    with pytest.raises(TargetError, match="not a cgroup, container, unit or PID name"):
+        c.set_target("..", 0.1, "mean", True)  # refused at once all the same
+    path = "docker/" + "a" * 64
+    c.set_target(path, 0.1, "mean", True)  # a path costs no walk: resolved at once
+    assert resolved == [[path]]
+    assert c.describe(path).state == "bound"
+
+    make_cgroup(host.mount, "docker/" + CONTAINER_ID)
+    c.tick(time.monotonic())  # the binder finds it, off the request
+    assert [CONTAINER_ID] in resolved
+    c.tick(time.monotonic())
+    assert c.describe(CONTAINER_ID).state == "bound"
+    assert sorted(c.fleet.names) == sorted([path, CONTAINER_ID])
+    c.shutdown()
+
+
+def test_nothing_of_a_target_is_kept_once_it_is_unset(host: Host) -> None:
+    c = _controller(host, lambda names: resolve_many(names, host.mount))
+    for k in range(50):
+        path = f"docker/c{k:03d}"
+        make_cgroup(host.mount, path)
+        for name in (path, f"absent-{k}"):
+            c.set_target(name, 0.1, "mean", name != path)
+        c.tick(time.monotonic())
+        c.status()
+        for name in (path, f"absent-{k}"):
+            c.unset_target(name)
+    c.tick(time.monotonic())
+    assert (c._rings, c.targets.reasons, len(c.fleet)) == ({}, {}, 0)
+    c.shutdown()
+
+
+def test_targets_beyond_the_open_file_limit_are_refused(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "open_file_limit",
+                        lambda: FD_RESERVE + 2 * FDS_PER_TARGET)
+    a, b = "docker/" + "a" * 64, "docker/" + "b" * 64
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target("later", 0.1, "mean", True)  # pending targets hold their place too
+    before = host.state()
+    with pytest.raises(TargetError, match="no room for more than 2 targets"):
+        c.set_target(b, 0.1, "mean", False)
+    assert host.state() == before
+    c.set_target(a, 0.2, "mean", False)  # a new objective for one is still fine
+    c.unset_target("later")
+    c.set_target(b, 0.1, "mean", False)  # and a place freed is taken again
+    c.shutdown()
+
+
+def test_a_reply_slower_to_make_than_the_client_deadline_is_sent_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline is the client's: making a big reply (a status of thousands of
+    containers) may take longer than it, and the reply must still go out whole."""
+    monkeypatch.setattr(control, "CLIENT_DEADLINE_S", 0.2)
+    reply = "x" * (8 << 20)  # many times a socket buffer
+    made = threading.Event()
+
+    def slow(op: str, req: dict, peer: Peer) -> str:
+        deadline = time.monotonic() + 1.0  # well past the client deadline
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        made.set()
+        return reply
+
+    with tempfile.TemporaryDirectory() as run:
+        server = ControlServer(Path(run) / "s.sock", slow, {"status": False})
+        stop = threading.Event()
+
+        def serve() -> None:
+            while not stop.is_set():
+                server.poll(0.05)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        try:
+            assert request(server.path, "status", timeout=60) == reply
+            assert made.is_set()
+        finally:
+            stop.set()
+            thread.join()
+            server.close()
+
+
+def test_a_request_waiting_when_a_tick_overran_is_answered_in_one_look(
+        tmp_path: Path) -> None:
+    """After a tick longer than the sample interval the loop looks once: a request that
+    waited in the backlog is answered in that look, not one tick later."""
+    server = ControlServer(tmp_path / "s.sock", lambda op, req, peer: "pong",
+                           {"status": False})
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(str(server.path))
+        client.sendall(b'{"version": 1, "op": "status"}\n')
+        server.poll(-1.0)  # what the loop does after a tick that overran
+        reply = client.recv(4096, socket.MSG_DONTWAIT)
+        assert json.loads(reply) == {"version": 1, "ok": True, "result": "pong"}
+    finally:
+        client.close()
+        server.close()
+
+
+# --- the real daemon ----------------------------------------------------------------------
+
+TARGETS = 300
+PENDING = ("absent-1", "absent-2")
+TICKS_AFTER = 20
+
+
+@pytest.fixture
+def slow_tree() -> Iterator[tuple[Path, Path]]:
+    """A fake cgroup tree with TARGETS cgroups and 20,000 more directories, so that one look
+    for a container name costs a walk of them all. Yields (mount, work directory)."""
+    with tempfile.TemporaryDirectory(prefix="dqoes-test-scale-", dir=tmpfs_dir()) as tmp:
+        work = Path(tmp)
+        mount = work / "cgroup"
+        for i in range(TARGETS):
+            make_cgroup(mount, f"pods/c{i:03d}")
+        for i in range(100):
+            for j in range(200):
+                (mount / f"clutter{i:03d}" / f"g{j:03d}").mkdir(parents=True)
+        (work / "daemon").mkdir()
+        yield mount, work
+
+
+def test_root_is_answered_and_ticks_go_on_while_pending_names_are_walked_for(
+        slow_tree: tuple[Path, Path]) -> None:
+    mount, work = slow_tree
+    with Dqoesd(work / "daemon", mount, "--sample-interval", "0.2") as d:
+        tasks = Path(f"/proc/{d.proc.pid}/task")
+        threads = len(os.listdir(tasks))  # the walk runs in a thread of its own
+        names = [f"pods/c{i:03d}" for i in range(TARGETS)]
+        for name in names:
+            d.request("set-target", container=name, target_s=0.1, metric="mean")
+        for name in PENDING:
+            d.request("set-target", container=name, target_s=0.1, metric="mean",
+                      pending=True)
+
+        def walked() -> bool:
+            return all(t["reason"].startswith("no container") for t in d.request("list")
+                       if t["name"] in PENDING)
+
+        answered, seen, walked_at = 0, [], None  # seen: when the walk's thread was
+        deadline = time.monotonic() + 600
+        while walked_at is None or len(d.ticks_between(walked_at, time.monotonic())) \
+                < TICKS_AFTER:
+            assert time.monotonic() < deadline, d.log_tail()
+            # Root's requests, one after the other: every one is answered.
+            name = names[answered % TARGETS]
+            assert d.request("status", container=name)["containers"][0]["name"] == name
+            d.request("set-target", container=name, target_s=0.1 + 0.01 * (answered % 2),
+                      metric="mean")
+            answered += 1
+            if walked_at is None and len(os.listdir(tasks)) > threads:
+                seen.append(time.monotonic())
+            if walked_at is None and walked():
+                walked_at = time.monotonic()
+        # The loop ticked while the tree was walked (seconds of CPU), not only after it.
+        assert seen, "the walk's thread was never seen"
+        during = d.ticks_between(seen[0], walked_at)
+        assert during, (seen[0], seen[-1], walked_at, d.ticks_between(seen[0] - 5, walked_at),
+                        d.log_tail())
+        assert answered >= TICKS_AFTER
+        assert d.proc.poll() is None
+    assert "Traceback" not in d.log.read_text()
