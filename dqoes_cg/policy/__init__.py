@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .admit import Admit
 from .base import (
     ALPHA,
     BETA,
@@ -18,6 +19,7 @@ from .base import (
     Cls,
     Decision,
     FloatArray,
+    IndexArray,
     Int8Array,
     Observation,
     Policy,
@@ -27,6 +29,7 @@ from .dqoes import DQoES, classify
 
 POLICIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "dqoes": DQoES.from_params,
+    "admit": Admit.from_params,
 }
 DEFAULT_POLICY = "dqoes"
 
@@ -41,5 +44,5 @@ def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
 
 
 __all__ = ["ALPHA", "BETA", "DEFAULT_POLICY", "IV_INITIAL_S", "IV_MAX_S", "POLICIES", "T_R",
-           "Cls", "DQoES", "Decision", "FloatArray", "Int8Array", "Observation", "Policy",
-           "PolicyParams", "classify", "make_policy"]
+           "Admit", "Cls", "DQoES", "Decision", "FloatArray", "IndexArray", "Int8Array",
+           "Observation", "Policy", "PolicyParams", "classify", "make_policy"]
