@@ -38,7 +38,17 @@ from .cgroup import DOCKER_ROOT, CgroupError, find_cgroup2_mount, require_cpu_co
 from .cgtable import LEAVE_ALONE, PERIOD_UNKNOWN, Status
 from .control import Peer, RequestError
 from .fleet import Fleet, format_cpu_max
-from .policy import ALPHA, BETA, IV_INITIAL_S, IV_MAX_S, Cls, DQoES, Policy
+from .policy import (
+    ALPHA,
+    BETA,
+    DEFAULT_POLICY,
+    IV_INITIAL_S,
+    IV_MAX_S,
+    Cls,
+    Policy,
+    PolicyParams,
+    make_policy,
+)
 from .ring import DEFAULT_CAPACITY, create_ring, ring_path
 from .state import METRICS, StateStore, Target, check_target
 from .systemd_units import UnitLimiter, UnitQuotas
@@ -57,6 +67,7 @@ class Config:
     state_dir: Path = Path("/var/lib/dqoes")
     run_dir: Path = Path("/run/dqoes")
     cpus: float | None = None  # the budget T_R in CPUs; None: all online CPUs
+    policy: str = DEFAULT_POLICY  # a name in dqoes_cg.policy.POLICIES
     alpha: float = ALPHA
     beta: float = BETA
     iv_initial: float = IV_INITIAL_S
@@ -100,7 +111,8 @@ class Controller:
         self.limiter = limiter  # tells systemd the limits of cgroups that are its units
         self.mount = cfg.mount or find_cgroup2_mount()
         self.cpus = cfg.cpus or float(os.cpu_count() or 1)
-        self.policy = policy or DQoES(cfg.alpha, cfg.beta, cfg.iv_initial, cfg.iv_max)
+        self.policy = policy or make_policy(
+            cfg.policy, PolicyParams(cfg.alpha, cfg.beta, cfg.iv_initial, cfg.iv_max))
         self._resolve = resolver
         self.store = StateStore(cfg.state_dir)
         self.targets = self.store.load()

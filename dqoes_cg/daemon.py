@@ -25,6 +25,7 @@ from .cgroup import CgroupError
 from .control import ControlServer, Peer
 from .controller import Config, Controller
 from .metrics import MetricsServer, parse_listen
+from .policy import POLICIES
 from .sdnotify import Notifier
 from .systemd_units import UnitLimiter
 
@@ -65,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the cgroup v2 mount (default: found in /proc/self/mountinfo)")
     p.add_argument("--cpus", type=float, default=None,
                    help="CPU budget T_R of the managed containers (default: all online CPUs)")
+    p.add_argument("--policy", choices=sorted(POLICIES), default=d.policy,
+                   help="the policy that sets the limits")
     p.add_argument("--alpha", type=float, default=d.alpha, help="tolerance band")
     p.add_argument("--beta", type=float, default=d.beta, help="step amplitude")
     p.add_argument("--interval", type=float, default=d.iv_initial,
@@ -96,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()  # a hung loop killed by the watchdog (SIGABRT) logs where it hung
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
-        mount=args.cgroup_mount, cpus=args.cpus, alpha=args.alpha, beta=args.beta,
-        iv_initial=args.interval, iv_max=args.max_interval, ring_capacity=args.ring_capacity,
-        docker_root=args.docker_root)
+        mount=args.cgroup_mount, cpus=args.cpus, policy=args.policy, alpha=args.alpha,
+        beta=args.beta, iv_initial=args.interval, iv_max=args.max_interval,
+        ring_capacity=args.ring_capacity, docker_root=args.docker_root)
     notifier = Notifier()
     watchdog = notifier.watchdog_interval()
     if watchdog is not None and watchdog < cfg.sample_interval:
