@@ -117,7 +117,7 @@ from .base import (
     Observation,
     PolicyParams,
 )
-from .dqoes import Listener, Workspace, classify_into
+from .dqoes import Listener, Workspace, classify_into, masked_sum
 
 ComplexArray = npt.NDArray[np.complex128]
 
@@ -165,8 +165,12 @@ class Memory:
 class Scratch:
     """Per-round arrays, allocated once per membership."""
 
-    x: FloatArray
-    d: FloatArray
+    x: FloatArray  # temporaries
+    y: FloatArray
+    d: FloatArray  # d_i
+    gain: FloatArray  # g_i
+    bound: FloatArray  # the deviation beyond which load changed
+    cap: FloatArray  # the limit in force, T_R where unlimited
     work: FloatArray
     margin: FloatArray
     lean: FloatArray
@@ -188,6 +192,7 @@ class Scratch:
     known: BoolArray
     fresh: BoolArray
     jump: BoolArray
+    smooth: BoolArray
     slack: BoolArray
     admissible: BoolArray
     admitted: BoolArray
@@ -224,48 +229,47 @@ def water_level(head: FloatArray, total: float, s: Scratch) -> float:
 
 def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> None:
     """This window's work per request and usable maximum into the memory."""
-    est, fresh, jump, x, d = s.est, s.fresh, s.jump, s.x, s.d
+    est, fresh, jump, smooth, x, d, gain = s.est, s.fresh, s.jump, s.smooth, s.x, s.d, s.gain
     # est: a window that says something about the work: valid, latency and usage > 0.
     np.multiply(obs.usage, obs.measured, out=x)
     np.greater(x, 0.0, out=est)
     np.logical_and(est, valid, out=est)
-    np.log(x, out=x, where=est)
+    np.log(x, out=x, where=est)  # log(r_i p_i)
     np.isnan(mem.log_work, out=fresh)
     np.logical_and(fresh, est, out=fresh)
     np.subtract(x, mem.log_work, out=d)
-    np.sqrt(mem.log_var, out=s.margin)  # scratch: the scatter
-    np.multiply(s.margin, JUMP_Z, out=s.margin)
-    np.maximum(s.margin, JUMP_MIN, out=s.margin)
-    np.abs(d, out=s.most)
-    np.greater(s.most, s.margin, out=jump)  # NaN (fresh) compares false
+    np.sqrt(mem.log_var, out=s.bound)
+    np.multiply(s.bound, JUMP_Z, out=s.bound)
+    np.maximum(s.bound, JUMP_MIN, out=s.bound)
+    np.abs(d, out=s.y)
+    np.greater(s.y, s.bound, out=jump)  # NaN (fresh) compares false
     np.logical_and(jump, est, out=jump)
     np.logical_or(jump, fresh, out=jump)  # set outright
-    np.logical_not(jump, out=s.mask)
-    np.logical_and(s.mask, est, out=s.mask)  # smoothed
+    np.logical_not(jump, out=smooth)
+    np.logical_and(smooth, est, out=smooth)
     np.copyto(mem.log_work, x, where=jump)
     np.copyto(mem.samples, 0.0, where=jump)
     np.add(mem.samples, 1.0, out=mem.samples, where=est)
-    gain = s.lean  # scratch: the mean of the windows since the last jump, then an EWMA
     np.maximum(mem.samples, 1.0, out=gain)
     np.divide(1.0, gain, out=gain)
-    np.maximum(gain, GAIN, out=gain)
-    np.multiply(d, gain, out=s.most)
-    np.add(mem.log_work, s.most, out=mem.log_work, where=s.mask)
+    np.maximum(gain, GAIN, out=gain)  # g_i = max(1/k_i, GAIN)
+    np.multiply(d, gain, out=s.y)
+    np.add(mem.log_work, s.y, out=mem.log_work, where=smooth)
     np.square(d, out=d)
     np.subtract(d, mem.log_var, out=d)
     np.multiply(d, gain, out=d)
-    np.add(mem.log_var, d, out=mem.log_var, where=s.mask)
+    np.add(mem.log_var, d, out=mem.log_var, where=smooth)
     np.copyto(mem.log_var, 0.0, where=fresh)
 
     # Usable maximum: it used less than (1 - SLACK) of its cap, and at least half of what
     # it left was idle CPU (else CFS gave it to others: an unlimited newcomer, say).
-    slack, usage = s.slack, obs.usage
-    idle = T_R - _masked_sum(usage, np.isfinite(usage, out=s.mask), s.x)
-    np.copyto(s.most, obs.limit)
-    np.copyto(s.most, T_R, where=np.isnan(s.most, out=s.mask))  # unlimited: the budget
-    np.multiply(s.most, 1.0 - SLACK, out=x)
+    slack, usage, cap = s.slack, obs.usage, s.cap
+    idle = T_R - masked_sum(usage, np.isfinite(usage, out=s.mask), x)
+    np.copyto(cap, obs.limit)
+    np.copyto(cap, T_R, where=np.isnan(cap, out=s.mask))
+    np.multiply(cap, 1.0 - SLACK, out=x)
     np.less(usage, x, out=slack)
-    np.subtract(s.most, usage, out=x)  # what it left of its cap
+    np.subtract(cap, usage, out=x)  # what it left of its cap
     np.less_equal(x, 2.0 * idle, out=s.mask)
     np.logical_and(slack, s.mask, out=slack)
     np.logical_and(slack, est, out=slack)
@@ -277,7 +281,8 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
 
 def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
                 s: Scratch) -> None:
-    """lean, comfy, most, usable, base and cost of every known slot (s.known)."""
+    """lean, comfy, most, usable, base and cost of every known slot: s.known (valid, with a
+    positive target) and with an estimate of its work."""
     known = s.known
     np.isfinite(mem.log_work, out=s.mask)
     np.logical_and(known, s.mask, out=known)
@@ -293,9 +298,7 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.multiply(s.lean, 1.0 / (1.0 + alpha), out=s.lean)
     np.multiply(s.most, 1.0 / (1.0 - alpha), out=s.most)
     np.multiply(s.comfy, 1.0 / math.sqrt(1.0 - alpha * alpha), out=s.comfy)
-    np.copyto(s.usable, mem.usable)
-    np.fmin(s.usable, T_R, out=s.usable)  # NaN (unknown): T_R
-    np.copyto(s.usable, T_R, where=np.isnan(s.usable, out=s.mask))
+    np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
     np.maximum(s.lean, floor, out=s.base)
     np.subtract(s.base, floor, out=s.cost)
     # admissible: lean ≤ m and most ≥ min(f, m)
@@ -341,7 +344,7 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     np.minimum(s.comfy, s.usable, out=s.top)
     np.maximum(s.top, s.base, out=s.top)
     np.subtract(s.top, s.base, out=s.head)
-    room = _masked_sum(s.head, adm, s.x)
+    room = masked_sum(s.head, adm, s.x)
     theta = min(1.0, left / room) if room > 0.0 else 0.0
     left -= theta * room
     np.multiply(s.head, theta, out=s.x)
@@ -361,12 +364,6 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     np.minimum(s.head, level, out=s.x)
     np.add(s.x, floor, out=s.x)
     np.copyto(limit_out, s.x, where=other)
-
-
-def _masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
-    scratch.fill(0.0)
-    np.copyto(scratch, values, where=mask)
-    return float(scratch.sum())
 
 
 class Admit:

@@ -116,7 +116,7 @@ class Workspace:
                    valid=flags(), used=flags(), g=flags(), s=flags(), b=flags())
 
 
-def _masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
+def masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
     """Σ values[mask], through scratch: masked reductions and ufuncs (`where=`) run several
     times slower per element than a plain copy and sum."""
     scratch.fill(0.0)
@@ -148,8 +148,8 @@ def classify_into(target: FloatArray, measured: FloatArray, usage: FloatArray, *
     np.copyto(classes_out, Cls.G, where=g)
     np.copyto(classes_out, Cls.S, where=s)
     np.copyto(classes_out, Cls.B, where=b)
-    return Round(q_g=_masked_sum(q, g, y), q_b=_masked_sum(q, b, y),
-                 r_g=_masked_sum(usage, g, y), r_b=_masked_sum(usage, b, y),
+    return Round(q_g=masked_sum(q, g, y), q_b=masked_sum(q, b, y),
+                 r_g=masked_sum(usage, g, y), r_b=masked_sum(usage, b, y),
                  satisfied=int(np.count_nonzero(s)))
 
 
@@ -176,7 +176,7 @@ def algorithm1_into(
     if totals.q_b < 0.0:  # B is not empty
         # The factor 1 + (q_i/Q_B)·R_G·β is ≥ 1 (q_i and Q_B are both < 0); with no G, the
         # idle CPU is added by the same shares.
-        idle = T_R - _masked_sum(usage, used, y) if totals.q_g == 0.0 else 0.0
+        idle = T_R - masked_sum(usage, used, y) if totals.q_g == 0.0 else 0.0
         np.multiply(q, totals.r_g * beta / totals.q_b, out=y)
         np.add(y, 1.0, out=y)
         np.multiply(limit, y, out=y)
