@@ -235,12 +235,16 @@ def test_noise_moves_the_aim_to_the_middle_of_the_band():
     assert d.limits[0] == pytest.approx(0.5 * COMFY, rel=0.05)
 
 
-def test_a_load_change_is_followed_at_once():
+def test_a_load_change_is_followed_once_confirmed_and_an_outlier_is_ignored():
     fluid = Fluid(work=[0.3, 0.2, 0.2], target=[1.0] * 3)
     pol = policy(3)
     assert fluid.rounds(pol, 4)[1:] == [3, 3, 3]
+    before = fluid.limit.copy()
     doubled = np.array([2.0, 1.0, 1.0])
-    assert fluid.rounds(pol, 1, doubled) == [2]  # c0's work per request doubles: seen
+    assert fluid.rounds(pol, 1, doubled) == [2]  # one window: an outlier, left out
+    assert fluid.limit == pytest.approx(before)
+    assert fluid.rounds(pol, 1) == [3]  # and it was: back to normal
+    assert fluid.rounds(pol, 2, doubled) == [2, 2]  # twice: c0's work doubled
     assert fluid.limit[0] >= 0.6 * LEAN
     assert fluid.rounds(pol, 2, doubled) == [3, 3]
 

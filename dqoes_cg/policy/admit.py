@@ -19,9 +19,11 @@ is smoothed in logs:
 
 with k_i the windows since lw_i was last set: the running mean of the windows since then,
 an exponential average once there are 1/GAIN of them. A deviation |d_i| > max(JUMP_Z √v_i,
-JUMP_MIN) is a change of load (work per request doubling, a host slowing down), not noise:
-lw_i is set to the new value at once (k_i = 1). √v_i is the measured scatter of the
-container's log latency: its noise.
+JUMP_MIN) is an outlier, and the window is left out; two in a row on the same side are a
+change of load (work per request doubling, a host slowing down), not noise, and lw_i is set
+to the new value at once (k_i = 1). A single outlier is typically the window right after
+the container's cap changed, whose first requests ran partly at the old cap. √v_i is the
+measured scatter of the container's log latency: its noise.
 
 Where in the band
 -----------------
@@ -154,13 +156,14 @@ class Memory:
     log_work: FloatArray  # lw_i, log of work per request (share-seconds); NaN: not yet known
     log_var: FloatArray  # v_i, the scatter of log work per request, squared
     samples: FloatArray  # k_i, windows since lw_i was last set outright
+    outlier: FloatArray  # the sign of the last window's deviation if it was an outlier, else 0
     usable: FloatArray  # m_i, the most it was seen able to use; NaN: not known
     admitted: BoolArray  # in A last round
 
     @classmethod
     def sized(cls, n: int) -> Memory:
-        return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.full(n, np.nan),
-                   np.zeros(n, bool))
+        return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n),
+                   np.full(n, np.nan), np.zeros(n, bool))
 
     def carried(self, n: int, carried: IndexArray | None) -> Memory:
         """The memory of n new slots: slot i takes what old slot carried[i] had (-1: new)."""
@@ -206,6 +209,7 @@ class Scratch:
     est: BoolArray
     known: BoolArray
     fresh: BoolArray
+    outlier: BoolArray
     jump: BoolArray
     smooth: BoolArray
     slack: BoolArray
@@ -257,11 +261,19 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     np.multiply(s.bound, JUMP_Z, out=s.bound)
     np.maximum(s.bound, JUMP_MIN, out=s.bound)
     np.abs(d, out=s.y)
-    np.greater(s.y, s.bound, out=jump)  # NaN (fresh) compares false
-    np.logical_and(jump, est, out=jump)
+    outlier = s.outlier
+    np.greater(s.y, s.bound, out=outlier)  # NaN (fresh) compares false
+    np.logical_and(outlier, est, out=outlier)
+    np.sign(d, out=s.y)
+    np.equal(s.y, mem.outlier, out=jump)  # the second in a row on the same side
+    np.logical_and(jump, outlier, out=jump)
     np.logical_or(jump, fresh, out=jump)  # set outright
-    np.logical_not(jump, out=smooth)
-    np.logical_and(smooth, est, out=smooth)
+    np.logical_or(outlier, jump, out=smooth)
+    np.logical_not(smooth, out=smooth)
+    np.logical_and(smooth, est, out=smooth)  # neither outlier nor set
+    np.copyto(mem.outlier, 0.0, where=est)
+    np.copyto(mem.outlier, s.y, where=outlier)
+    np.copyto(mem.outlier, 0.0, where=jump)
     np.copyto(mem.log_work, x, where=jump)
     np.copyto(mem.samples, 0.0, where=jump)
     np.add(mem.samples, 1.0, out=mem.samples, where=est)
