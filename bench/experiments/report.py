@@ -142,6 +142,11 @@ def _reached(ph: Phase) -> str:
     return f"{ph.final_s} ({ph.reached_s:.0f} s{rounds})"
 
 
+def _cell(text: str) -> str:
+    """Text for a markdown table cell."""
+    return text.replace("|", "\\|")
+
+
 def _phase_name(ph: Phase, first: bool) -> str:
     start = "last arrival" if first else f"{ph.start:.0f} s"
     return f"{start} to {ph.end:.0f} s"
@@ -176,7 +181,7 @@ def _markdown(scenarios: list[Scenario], sims: dict[str, dict[str, Any]],
     owns = [sc for sc in scenarios if not sc.key.startswith("s")]
     for sc in papers:
         ph = {m: _last(sims[sc.key]["phases"][m]) for m in MODES}
-        lines.append(f"| {sc.key}: {sc.title} | {sc.size} | {sc.paper} | "
+        lines.append(f"| {sc.key}: {_cell(sc.title)} | {sc.size} | {_cell(sc.paper)} | "
                      f"{ph[DEFAULT_POLICY].oracle_s} | " +
                      " | ".join(_reached(ph[p]) for p in POLICY_NAMES) +
                      f" | {ph['default'].final_s} |")
@@ -188,7 +193,7 @@ def _markdown(scenarios: list[Scenario], sims: dict[str, dict[str, Any]],
     for sc in owns:
         phases = sims[sc.key]["phases"]
         for k, ph in enumerate(phases[DEFAULT_POLICY]):
-            lines.append(f"| {sc.key + ': ' + sc.title if k == 0 else ''} | "
+            lines.append(f"| {sc.key + ': ' + _cell(sc.title) if k == 0 else ''} | "
                          f"{_phase_name(ph, k == 0)} | {ph.oracle_s} | " +
                          " | ".join(_reached(phases[p][k]) for p in POLICY_NAMES) +
                          f" | {phases['default'][k].final_s} |")
@@ -313,7 +318,7 @@ def _real_section(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         ph = {m: _last(r["phases"][m]) for m in MODES}
         lines.append(
-            f"| {r['scenario']}: {r['title']} | {r['containers']} | {r['oracle']} | " +
+            f"| {r['scenario']}: {_cell(r['title'])} | {r['containers']} | {r['oracle']} | " +
             " | ".join(_reached(ph[m]) if m != "default" else str(ph[m].final_s)
                        for m in MODES) + " | " +
             " / ".join(str(r["wide"][m]) for m in MODES) + " | " +
