@@ -165,7 +165,7 @@ class Controller:
         self.fleet = Fleet(bound, table, rings, self.cpus, self.actuator.limit, old_fleet, now)
         if old_fleet is not None:
             old_fleet.table.close()  # what the new table did not take over
-        self.policy.resize(len(self.fleet))
+        self.policy.resize(len(self.fleet), self.fleet.carried)
         self._built, self._built_removed = self.targets.version, self.targets.removed
         cost = time.thread_time() - cpu
         self._rebuild_tick = self.counters.ticks + math.ceil(

@@ -72,8 +72,10 @@ class Fleet:
             np.copyto(a, table.usage_usec)
         np.copyto(self.periods_prev, table.nr_periods)
         np.copyto(self.throttled_prev, table.nr_throttled)
+        self.carried = np.full(n, -1, np.intp)  # each slot's slot in `previous`; -1: joined
         if previous is not None:
             new, old = carry_index(self.names, previous.names)
+            self.carried[new] = old
             for attr in ("measured", "usage", "samples", "classes", "score", "window_start",
                          "usage_at_window", "tick_cores", "throttled_ratio"):
                 getattr(self, attr)[new] = getattr(previous, attr)[old]

@@ -117,10 +117,12 @@ class Testbed:
     # --- workers ---------------------------------------------------------------------
 
     def add_worker(self, name: str, model: str, target_s: float | None = None,
-                   metric: str = "mean", seed: int = 0, hold: bool = False) -> Worker:
+                   metric: str = "mean", seed: int = 0, hold: bool = False,
+                   rate: float | None = None) -> Worker:
         """A worker in cgroup <subtree>/<name>; its target, if any, is set before it
         starts, so that its ring is there from its first request. With `hold`, it stops
-        before serving until `release`."""
+        before serving until `release`. With `rate`, requests arrive at random at that
+        mean rate per second (lab.workload --rate) instead of back to back."""
         cgroup = self.root / name
         cgroup.mkdir(exist_ok=True)
         target_name = f"{self.subtree}/{name}"
@@ -134,6 +136,8 @@ class Testbed:
                 f.write("0")
 
         cmd = [sys.executable, "-m", "lab.workload", "--model", model, "--seed", str(seed)]
+        if rate is not None:
+            cmd += ["--rate", str(rate)]
         proc = subprocess.Popen(cmd + ["--hold"] * hold, env=env, preexec_fn=enter_cgroup, cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         worker = Worker(target_name, cgroup, model, proc)

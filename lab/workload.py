@@ -7,6 +7,11 @@ matters), and its latency goes into the container's ring through dqoes_cg.probe.
 of different cost stand in for the paper's VGG-16, ResNet-50, Inception...
 
     python -m lab.workload --model small [--ring PATH] [--duration SECONDS] [--hold]
+                           [--rate PER_SECOND]
+
+With --rate the requests arrive on their own, at random (a Poisson process of that mean
+rate), and wait their turn: a request's latency runs from its arrival to its answer, its
+wait in the queue included, as a service's client sees it.
 
 With --hold the worker loads its model, runs one request unrecorded (the warm-up) and stops
 itself (SIGSTOP) before serving: a testbed starts its workers ahead (a Python start and the
@@ -93,6 +98,26 @@ def serve(infer: Callable[[], np.ndarray], probe: Probe, duration: float | None)
     return served
 
 
+def serve_arrivals(infer: Callable[[], np.ndarray], probe: Probe, rate: float,
+                   duration: float | None, seed: int = 0) -> int:
+    """Serve requests arriving at random at `rate` per second, first come first served, for
+    `duration` seconds (forever if None); return the count."""
+    rng = np.random.default_rng(seed)
+    start = time.monotonic()
+    end = None if duration is None else start + duration
+    arrival = start + rng.exponential(1.0 / rate)
+    served = 0
+    while end is None or arrival < end:
+        wait = arrival - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        infer()
+        probe.record(time.monotonic() - arrival)
+        served += 1
+        arrival += rng.exponential(1.0 / rate)
+    return served
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.workload", description=__doc__)
     p.add_argument("--model", choices=sorted(MODELS), default="small")
@@ -100,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                    "probe's default path)")
     p.add_argument("--duration", type=float, default=None, help="seconds (default: forever)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", type=float, default=None,
+                   help="requests per second arriving at random (default: back to back)")
     p.add_argument("--hold", action="store_true",
                    help="warm up, then stop (SIGSTOP) until continued (SIGCONT)")
     args = p.parse_args(argv)
@@ -109,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         os.kill(os.getpid(), signal.SIGSTOP)
     with Probe.open(args.ring) as probe:
         try:
-            serve(infer, probe, args.duration)
+            if args.rate:
+                serve_arrivals(infer, probe, args.rate, args.duration, args.seed)
+            else:
+                serve(infer, probe, args.duration)
         except KeyboardInterrupt:
             pass
     return 0

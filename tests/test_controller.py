@@ -35,7 +35,7 @@ class FixedPolicy:
         self.limit = limit
         self.limits = np.zeros(0)
 
-    def resize(self, n: int) -> None:
+    def resize(self, n: int, carried: np.ndarray | None = None) -> None:
         self.limits = np.full(n, self.limit)
 
     def reset(self) -> None:

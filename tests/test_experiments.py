@@ -1,29 +1,34 @@
-"""The experiments' simulator and analysis on the host: the paper's invariants hold, the
-oracle and the default platform count what they should, and `--sim-only --quick` writes
-the whole report."""
+"""The experiments' simulator and analysis on the host: the paper's invariants hold under
+DQoES, the simulator's events (target changes, load phases, departures, threads) do what
+they say, the oracle and the phases count what they should, the admit policy reaches the
+oracle, and `--sim-only --quick` writes the whole report."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.experiments.__main__ import main, simulated
-from bench.experiments.analysis import default_satisfied, oracle, outcome
+from bench.experiments.analysis import default_satisfied, oracle, outcome, phase_outcomes, phases
 from bench.experiments.scenarios import NOMINAL_CURVES, PAPER_PARAMS, paper_scenarios
-from bench.experiments.sim import Container, Curve, Node, water_fill
+from bench.experiments.sim import Container, Curve, Node, Params, simulate, water_fill
 from bench.experiments.trace import Run
 from dqoes_cg.policy import Cls
 
 CURVES = NOMINAL_CURVES
 SCENARIOS = {sc.key: sc for sc in paper_scenarios(quick=True)}
+DQOES = replace(PAPER_PARAMS, policy="dqoes")
+SOLO = CURVES["tiny"].solo_s
 
 
-def _runs(key: str, duration: float = 600.0) -> tuple[Run, Run]:
+def _runs(key: str, duration: float = 600.0, params: Params = DQOES) -> tuple[Run, Run]:
     sc = SCENARIOS[key]
     nodes = sc.build(CURVES)
-    return (simulated(sc, nodes, CURVES, PAPER_PARAMS, duration, 5.0),
+    return (simulated(sc, nodes, CURVES, params, duration, 5.0),
             simulated(sc, nodes, CURVES, None, duration, 5.0))
 
 
@@ -72,19 +77,93 @@ def test_oracle_counts_the_floor_and_the_budget() -> None:
     assert oracle(node(1.3, 1.3, 1.3, 1.3), curves) == 2  # 0.7 CPU each: two fit
 
 
+def test_oracle_counts_threads_and_judges_the_state_at_a_time() -> None:
+    # On 4 CPUs, targets that need 1.5 CPUs: a single thread cannot, two threads can.
+    curves = {"tiny": Curve(SOLO)}
+    one = Container("a", "tiny", SOLO / 1.5)
+    two = Container("b", "tiny", SOLO / 1.5, threads=2.0)
+    assert oracle(Node(4.0, (one, one)), curves) == 0
+    assert oracle(Node(4.0, (two, two)), curves) == 2
+    # Four targets needing 0.6 CPU; two loosened at 100 s to need 0.25; one container
+    # leaving at 200 s. On 2 CPUs with floors of 1/(2n): three fit; then all four (the loose
+    # ones at the floor, 0.25); then the floor (1/3) makes the loose ones too fast: one.
+    tight = SOLO / 0.6
+    cs = (Container("c1", "tiny", tight, retargets=((100.0, SOLO / 0.25),)),
+          Container("c2", "tiny", tight, retargets=((100.0, SOLO / 0.25),)),
+          Container("c3", "tiny", tight, departure_s=200.0),
+          Container("c4", "tiny", tight))
+    node = Node(2.0, cs)
+    assert [oracle(node, curves, at=t) for t in (50.0, 150.0, 250.0)] == [3, 4, 1]
+    assert phases([node], 300.0) == [(0.0, 100.0), (100.0, 200.0), (200.0, 300.0)]
+
+
+def test_simulator_events_targets_load_departures_threads() -> None:
+    curves = {"tiny": Curve(SOLO)}
+    node = Node(2.0, (
+        Container("loaded", "tiny", 1.0, load=((20.0, 40.0, 2.0),)),
+        Container("leaving", "tiny", 1.0, departure_s=30.0),
+        Container("threads", "tiny", 1.0, threads=2.0, arrival_s=50.0)))
+    w = simulate(node, curves, None, 80.0, 5.0)  # the default platform
+    at = {t: k for k, t in enumerate(w.t)}
+    assert w.latency_s[at[15.0], 0] == pytest.approx(SOLO)  # a CPU each
+    assert w.latency_s[at[25.0], 0] == pytest.approx(2 * SOLO)  # twice the work
+    assert math.isnan(w.latency_s[at[35.0], 1]) and w.usage_cores[at[35.0], 1] == 0
+    assert w.usage_cores[at[45.0]].tolist() == [1.0, 0.0, 0.0]  # one thread, idle CPU
+    assert w.usage_cores[at[70.0], 2] == pytest.approx(1.0)  # its fair share of 2 CPUs
+    alone = simulate(Node(2.0, (node.containers[2],)), curves, None, 80.0, 5.0)
+    assert alone.usage_cores[-1, 0] == pytest.approx(2.0)
+    assert alone.latency_s[-1, 0] == pytest.approx(SOLO / 2)
+
+
+def test_admit_reaches_the_oracle_within_a_few_rounds() -> None:
+    admit = replace(PAPER_PARAMS, policy="admit")
+    for key in ("s1-identical-unachievable", "s3-varied-burst", "s5-cluster"):
+        run, _ = _runs(key, 450.0, admit)
+        (ph,) = phase_outcomes(run, CURVES)
+        assert ph.final_s == ph.oracle_s, key
+        assert ph.rounds is not None and ph.rounds <= 5, key
+
+
+def test_retargeted_run_is_judged_against_each_phase() -> None:
+    curves = {"tiny": Curve(SOLO)}
+    cs = tuple(Container(f"c{i}", "tiny", SOLO / 0.55,
+                         retargets=((300.0, SOLO / 0.25),) if i < 2 else ())
+               for i in range(4))
+    node = Node(2.0, cs)
+    sc = replace(SCENARIOS["s2-identical-achievable"], nodes=())
+    run = simulated(sc, [node], curves, replace(PAPER_PARAMS, policy="admit"), 600.0, 5.0)
+    assert [(p.oracle_s, p.final_s) for p in phase_outcomes(run, curves)] == [(3, 3), (4, 4)]
+    assert run.targets[0, 0] == pytest.approx(SOLO / 0.55)
+    assert run.targets[-1, 0] == pytest.approx(SOLO / 0.25)
+
+
 def test_run_round_trips_through_json(tmp_path: Path) -> None:
     dqoes, _ = _runs("s2-identical-achievable", 60.0)
     dqoes.save(tmp_path / "run.json")
     back = Run.load(tmp_path / "run.json")
     assert back.nodes == dqoes.nodes
+    assert back.decisions == dqoes.decisions and back.decisions[0]
     np.testing.assert_allclose(back.latency_s, dqoes.latency_s)
     assert (back.satisfied() == dqoes.satisfied()).all()
+
+
+def test_events_round_trip_through_json(tmp_path: Path) -> None:
+    leaving = Node(2.0, (Container("c", "tiny", 1.0, departure_s=30.0, threads=2.0,
+                                   retargets=((10.0, 2.0),), load=((5.0, 6.0, 2.0),)),))
+    sc = SCENARIOS["s2-identical-achievable"]
+    run = simulated(sc, [leaving], CURVES, DQOES, 40.0, 5.0)
+    run.save(tmp_path / "run.json")
+    assert Run.load(tmp_path / "run.json").nodes == [leaving]
 
 
 def test_sim_only_quick_writes_the_report(tmp_path: Path) -> None:
     assert main(["--sim-only", "--quick", "--out", str(tmp_path)]) == 0
     summary = (tmp_path / "summary.md").read_text()
-    assert "s5-cluster" in summary and "oracle" in summary
+    assert "s5-cluster" in summary and "oracle" in summary and "x6-threads" in summary
+    for policy in ("dqoes", "admit"):
+        assert f"{policy} \\|S\\|" in summary
+    assert "## Measurement noise" in summary and "## Closing note" in summary
     assert (tmp_path / "summary.json").exists()
     assert (tmp_path / "s2-identical-achievable.png").stat().st_size > 0
-    assert (tmp_path / "calibration.png").exists()
+    assert (tmp_path / "x2-load-phase.png").stat().st_size > 0
+    assert (tmp_path / "noise-sweep.png").exists() and (tmp_path / "calibration.png").exists()

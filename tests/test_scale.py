@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.cgroups import tmpfs_dir
@@ -85,8 +86,8 @@ class OnDemandPolicy(FixedPolicy):
         self.asked = False
         self.rounds = 0
 
-    def resize(self, n: int) -> None:
-        super().resize(n)
+    def resize(self, n: int, carried: np.ndarray | None = None) -> None:
+        super().resize(n, carried)
         self.reset()
 
     def reset(self) -> None:

@@ -121,7 +121,7 @@ class FixedPolicy:
     def __init__(self) -> None:
         self.limits = np.zeros(0)
 
-    def resize(self, n: int) -> None:
+    def resize(self, n: int, carried: np.ndarray | None = None) -> None:
         self.limits = np.full(n, 0.25)
 
     def reset(self) -> None:

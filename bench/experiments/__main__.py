@@ -1,15 +1,18 @@
-"""python -m bench.experiments: the paper's experiments (section V), real and simulated,
-with their plots and a summary.
+"""python -m bench.experiments: the paper's experiments (section V) and our own, real and
+simulated, each with every policy of dqoes_cg.policy.POLICIES side by side, with their plots
+and a summary.
 
     python -m bench.experiments [--sim-only] [--quick] [--out DIR]
 
 1. Real runs on a cgroup v2 kernel with the cpu controller: this host if it has one, else a
    qemu guest booted for them (lab.guest, DIR shared writable). The worker types are
    calibrated first (latency alone and at a few quotas), then every scaled-down scenario
-   (real_scenarios) runs with dqoesd and on the default platform.
+   (real_scenarios) runs on the default platform, then with dqoesd and each policy.
 2. The simulator, calibrated by 1: the same small scenarios (its validation against the
-   real runs) and the paper's scenarios at the paper's scale, plus a sensitivity sweep of
-   the step beta and the listener's ceiling.
+   real runs), the paper's scenarios at the paper's scale, our own scenarios (target
+   changes, a load phase, departures, a hopeless target, a dense node, multi-threaded
+   workers), all of them again with measurement noise over several seeds, and a
+   sensitivity sweep of DQoES's step beta and listener ceiling.
 3. Plots (PNG), summary.md and summary.json in DIR (default bench/experiments/results).
 
 --sim-only skips 1 (the simulator then uses DIR/calibration.json if there is one, and
@@ -24,10 +27,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from dqoes_cg.policy import POLICIES
 from lab.cgroups import cgroup2_cpu_mount
 
 from .analysis import matched_curves, scatter, settled_latency
@@ -38,6 +42,7 @@ from .scenarios import (
     PAPER_PARAMS,
     REAL_PARAMS,
     Scenario,
+    own_scenarios,
     paper_scenarios,
     real_scenarios,
 )
@@ -49,9 +54,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 REAL_WINDOW_S = 2.0  # observer windows of the real runs
 SIM_WINDOW_S = 5.0  # and of the paper-scale simulations (hours of simulated time)
 GUEST_TIMEOUT_S = 3 * 3600.0
-# The sensitivity sweep: the step beta and the listener's ceiling iv_max.
+# The sensitivity sweep of DQoES: the step beta and the listener's ceiling iv_max.
 SWEEP_BETAS = (0.1, 0.3)
 SWEEP_IV_MAX = (10.0, 20.0, 40.0, 160.0)
+NOISE = 0.05  # the noise sweep: standard deviation of each window's log latency
+NOISE_SEEDS = (0, 1, 2)
+MODES = ("default", *POLICIES)  # how each scenario runs: no limits, then each policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +104,7 @@ def run_real(out: Path, quick: bool) -> None:
     from . import real  # needs the compiled extension and a cgroup v2 kernel
 
     scenarios = real_scenarios(quick)
-    progress = Progress(1 + 2 * len(scenarios))
+    progress = Progress(1 + len(MODES) * len(scenarios))
     real_dir = out / "real"
     shutil.rmtree(real_dir, ignore_errors=True)
     real_dir.mkdir()
@@ -107,16 +115,18 @@ def run_real(out: Path, quick: bool) -> None:
         save_curves(out / "calibration.json", curves)
         for sc in scenarios:
             # The default platform first: its even-share latencies, measured minutes
-            # before the run with dqoesd rather than predicted, make the targets (the
+            # before the runs with dqoesd rather than predicted, make the targets (the
             # emulated CPUs' speed drifts with the host's load).
             progress.step(f"real {sc.key} (default)")
             default = real.run(sc, sc.build(curves), None, work / sc.key, REAL_WINDOW_S)
             nodes = sc.build(curves, settled_latency(default))
             default.nodes = nodes
             default.save(real_dir / f"{sc.key}-default.json")
-            progress.step(f"real {sc.key} (dqoesd)")
-            run = real.run(sc, nodes, REAL_PARAMS, work / sc.key, REAL_WINDOW_S)
-            run.save(real_dir / f"{sc.key}-dqoes.json")
+            for policy in POLICIES:
+                progress.step(f"real {sc.key} (dqoesd --policy {policy})")
+                run = real.run(sc, nodes, replace(REAL_PARAMS, policy=policy), work / sc.key,
+                               REAL_WINDOW_S)
+                run.save(real_dir / f"{sc.key}-{policy}.json")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     progress.close("real runs done")
@@ -138,11 +148,24 @@ def load_curves(path: Path) -> dict[str, Curve]:
 
 def simulated(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
               params: Params | None, duration: float, window: float,
-              noise: float = 0.0) -> Run:
-    windows = [simulate(node, curves, params, duration, window, noise, seed=k)
+              noise: float = 0.0, seed: int = 0) -> Run:
+    """One simulated run of the scenario: with dqoesd (`params`, its policy among them) or
+    on the default platform (None)."""
+    windows = [simulate(node, curves, params, duration, window, noise, seed=100 * seed + k)
                for k, node in enumerate(nodes)]
-    return Run.from_windows(scenario.key, "dqoes" if params else "default", "sim",
+    return Run.from_windows(scenario.key, params.policy if params else "default", "sim",
                             asdict(params) if params else {}, nodes, windows, noise=noise)
+
+
+def every_mode(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
+               params: Params, window: float, noise: float = 0.0, seed: int = 0,
+               ) -> dict[str, Run]:
+    """The scenario on the default platform and with each policy."""
+    return {mode: simulated(scenario, nodes, curves,
+                            None if mode == "default" else replace(params, policy=mode),
+                            scenario.default_duration_s if mode == "default"
+                            else scenario.duration_s, window, noise, seed)
+            for mode in MODES}
 
 
 def run_simulated(out: Path, quick: bool) -> None:
@@ -152,44 +175,47 @@ def run_simulated(out: Path, quick: bool) -> None:
     # The simulator takes latency = solo / share, which the calibration checks: its
     # factors at quotas scatter on a shared host more than they depart from 1.
     curves = {m: Curve(c.solo_s) for m, c in measured.items()}
-    papers = paper_scenarios(quick)
-    reals = real_scenarios(quick)
+    papers, owns, reals = paper_scenarios(quick), own_scenarios(quick), real_scenarios(quick)
+    seeds = NOISE_SEEDS[:1] if quick else NOISE_SEEDS
     real_dir = out / "real"
-    progress = Progress(len(papers) + len(reals) + 1)
-    paper_runs: dict[str, dict[str, Any]] = {}
-    for sc in papers:
+    progress = Progress(len(papers) + len(owns) + 1 + len(reals) + 1)
+    sim_runs: dict[str, dict[str, Run]] = {}
+    sweep: dict[str, dict[tuple[float, float], Run]] = {}
+    for sc in papers + owns:
         progress.step(f"simulating {sc.key}")
         nodes = sc.build(curves)
-        paper_runs[sc.key] = {
-            "dqoes": simulated(sc, nodes, curves, PAPER_PARAMS, sc.duration_s, SIM_WINDOW_S),
-            "default": simulated(sc, nodes, curves, None, sc.default_duration_s,
-                                 SIM_WINDOW_S),
-            "sweep": {(b, iv): simulated(sc, nodes, curves, Params(
-                beta=b, iv_max=iv), sc.duration_s, SIM_WINDOW_S)
-                for b in SWEEP_BETAS for iv in SWEEP_IV_MAX},
-        }
+        sim_runs[sc.key] = every_mode(sc, nodes, curves, PAPER_PARAMS, SIM_WINDOW_S)
+        if sc in papers:
+            sweep[sc.key] = {(b, iv): simulated(sc, nodes, curves, Params(
+                policy="dqoes", beta=b, iv_max=iv), sc.duration_s, SIM_WINDOW_S)
+                for b in SWEEP_BETAS for iv in SWEEP_IV_MAX}
+    progress.step(f"noise sweep: log-latency scatter {NOISE:g}, seeds {list(seeds)}")
+    noisy = {sc.key: [every_mode(sc, sc.build(curves), curves, PAPER_PARAMS, SIM_WINDOW_S,
+                                 NOISE, seed) for seed in seeds] for sc in papers + owns}
     real_runs: dict[str, dict[str, Any]] = {}
     for sc in reals:
         progress.step(f"simulating {sc.key} (against the real runs)")
-        found = {mode: real_dir / f"{sc.key}-{mode}.json" for mode in ("dqoes", "default")}
+        found = {mode: real_dir / f"{sc.key}-{mode}.json" for mode in MODES}
         if not all(f.exists() for f in found.values()):
             continue
         runs = {mode: Run.load(f) for mode, f in found.items()}
-        nodes = runs["dqoes"].nodes  # the targets the real run had
+        nodes = runs["default"].nodes  # the targets the real runs had
         # The model at the speed the emulated CPUs had (see matched_curves), with the
         # scatter of each real run's measurements.
         local = matched_curves(curves, runs["default"])
         real_runs[sc.key] = {
-            **runs, "curves": local,
-            "sim-dqoes": simulated(sc, nodes, local, REAL_PARAMS, sc.duration_s,
-                                   REAL_WINDOW_S, scatter(runs["dqoes"])),
-            "sim-default": simulated(sc, nodes, local, None, sc.default_duration_s,
-                                     REAL_WINDOW_S, scatter(runs["default"])),
-            "sim-quiet": simulated(sc, nodes, local, REAL_PARAMS, sc.duration_s,
-                                   REAL_WINDOW_S),  # a kernel whose speed holds still
+            "real": runs, "curves": local,
+            "sim": {mode: simulated(sc, nodes, local, None if mode == "default" else
+                                    replace(REAL_PARAMS, policy=mode),
+                                    sc.default_duration_s if mode == "default"
+                                    else sc.duration_s, REAL_WINDOW_S, scatter(runs[mode]))
+                    for mode in MODES},
+            # a kernel whose speed holds still
+            "quiet": every_mode(sc, nodes, local, REAL_PARAMS, REAL_WINDOW_S),
         }
     progress.step("plots and summary")
-    report.write(out, measured, curves, papers, paper_runs, reals, real_runs, quick)
+    report.write(out, measured, curves, papers + owns, sim_runs, sweep, noisy, reals,
+                 real_runs, quick)
     progress.close(f"results in {out}")
 
 

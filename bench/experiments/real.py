@@ -30,7 +30,7 @@ CALIBRATION_CORES = (0.25, 0.5, 1.0)  # cpu.max quotas (CPUs) at which each type
 
 
 def daemon_args(params: Params) -> list[str]:
-    return ["--alpha", str(params.alpha), "--beta", str(params.beta),
+    return ["--policy", params.policy, "--alpha", str(params.alpha), "--beta", str(params.beta),
             "--interval", str(params.iv_initial), "--max-interval", str(params.iv_max),
             "--sample-interval", str(params.sample_interval)]
 
@@ -75,7 +75,8 @@ def calibrate(models: tuple[str, ...], workdir: Path, seconds: float) -> dict[st
 
 def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: Path,
         window: float) -> Run:
-    """One run on the kernel: with dqoesd (`params`) or on the default platform (None)."""
+    """One run on the kernel: with dqoesd (`params`, its policy among them) or on the
+    default platform (None)."""
     duration = scenario.duration_s if params else scenario.default_duration_s
     root = f"dqoes-exp-{os.getpid()}"
     multi = len(nodes) > 1
@@ -121,5 +122,5 @@ def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: P
                        usage_cores=np.array([r[2] for r in node_rows]),
                        limit_cores=np.array([r[3] for r in node_rows]))
                for node_rows in rows]
-    return Run.from_windows(scenario.key, "dqoes" if params else "default", "real",
+    return Run.from_windows(scenario.key, params.policy if params else "default", "real",
                             asdict(params) if params else {}, nodes, windows)

@@ -16,7 +16,8 @@ the same span, 5/40 to 95/40.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -50,6 +51,10 @@ class Plan:
     model: str
     ratio: float  # target / its latency at the node's even share
     arrival_s: float = 0.0
+    departure_s: float = math.inf
+    threads: float = DEMAND_CORES
+    retargets: tuple[tuple[float, float], ...] = ()  # (time, new ratio)
+    load: tuple[tuple[float, float, float], ...] = ()  # (start, end, work factor)
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class Scenario:
         nodes = []
         j = 0
         for k, (cpus, plans) in enumerate(self.nodes):
-            even = water_fill(cpus, np.full(len(plans), DEMAND_CORES))
+            even = water_fill(cpus, np.array([p.threads for p in plans]))
             containers = []
             for i, p in enumerate(plans):
                 latency = curves[p.model].latency(even[i]) if measured is None \
@@ -81,7 +86,8 @@ class Scenario:
                 j += 1
                 containers.append(Container(
                     f"n{k + 1}c{i + 1}" if len(self.nodes) > 1 else f"c{i + 1}", p.model,
-                    float(p.ratio * latency), p.arrival_s))
+                    float(p.ratio * latency), p.arrival_s, p.departure_s, p.threads,
+                    tuple((when, float(r * latency)) for when, r in p.retargets), p.load))
             nodes.append(Node(cpus, tuple(containers)))
         return nodes
 
@@ -120,7 +126,7 @@ def paper_scenarios(quick: bool = False) -> list[Scenario]:
     """The paper's experiments at its scale (10 containers a node, 4 nodes in the
     cluster), on simulated 2-CPU nodes."""
     # The paper's runs last 350 to 900 s; these run 3000 s, so that slow convergence shows.
-    run = PAPER_SIM_DURATION_S * (0.1 if quick else 1.0)
+    run = PAPER_SIM_DURATION_S * (0.15 if quick else 1.0)
     two = 2.0
     return [
         Scenario("s1-identical-unachievable", "10 identical unachievable targets, burst",
@@ -144,6 +150,57 @@ def paper_scenarios(quick: bool = False) -> list[Scenario]:
                  "arrivals", "26/40 in S with DQoES, 3/40 with the default",
                  tuple((two, _random(20 + k, 10, MODELS, (0, 300))) for k in range(4)),
                  run, run),
+    ]
+
+
+def _changed(plans: tuple[Plan, ...], **changes: dict[int, object]) -> tuple[Plan, ...]:
+    """The plans with some fields changed: field=value per plan index."""
+    out = list(plans)
+    for name, per_plan in changes.items():
+        for i, value in per_plan.items():
+            out[i] = replace(out[i], **{name: value})
+    return tuple(out)
+
+
+def own_scenarios(quick: bool = False) -> list[Scenario]:
+    """Beyond the paper: what a host sees that its experiments do not. Simulated at the
+    paper's scale; each change starts a phase that the evaluation judges on its own."""
+    k = 0.2 if quick else 1.0
+    two, four = 2.0, 4.0
+    base = _random(50, 10, ("tiny",), None)
+    retargeted = _changed(base, retargets={
+        i: ((600 * k, base[i].ratio * f), (1200 * k, base[i].ratio))
+        for i, f in ((0, 0.6), (1, 0.6), (2, 0.7), (3, 1.6), (4, 1.8), (5, 1.5))})
+    loaded = _random(51, 10, MODELS, None)
+    loaded = _changed(loaded, load={1: ((500 * k, 900 * k, 2.0),),
+                                    4: ((500 * k, 900 * k, 2.0),)})
+    # Two hopeless and two tight targets leave; six tight or easy ones stay and get their CPU.
+    leaving = (*(Plan("tiny", r, departure_s=(400 + 100 * i) * k)
+                 for i, r in enumerate((0.15, 0.55, 0.15, 0.6))),
+               *(Plan("tiny", r) for r in (0.55, 0.55, 0.55, 0.55, 0.9, 1.3)))
+    # Nine achievable targets filling most of a node, and one that needs 1.5 CPUs of a
+    # single-threaded worker.
+    busy = (*(Plan("tiny", r) for r in (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 0.85)),
+            Plan("tiny", 0.2 / 1.5))
+    # Four single-threaded and four two-threaded workers on 4 CPUs (0.5 CPU each at an even
+    # share): two of each kind need 1.4 CPUs, which only the two-threaded can use.
+    threads = tuple(Plan(m, r, threads=t) for t in (1.0, 2.0)
+                    for m, r in (("mini", 0.5 / 1.4), ("lite", 0.5 / 1.4), ("tiny", 1.2),
+                                 ("mini", 1.5)))
+    return [
+        Scenario("x1-retarget", "10 random targets; at 600 s three tightened and three "
+                 "loosened, at 1200 s back", "-", ((two, retargeted),), 1800 * k, 1800 * k),
+        Scenario("x2-load-phase", "10 containers of 3 types; two do twice the work per "
+                 "request from 500 to 900 s", "-", ((two, loaded),), 1400 * k, 1400 * k),
+        Scenario("x3-departures", "10 targets, four of them hopeless or tight; those four "
+                 "leave at 400, 500, 600 and 700 s", "-", ((two, leaving),), 1200 * k, 1200 * k),
+        Scenario("x4-hopeless", "nine achievable targets filling a busy node and one that "
+                 "needs 1.5 CPUs of one thread", "-", ((two, busy),), 900 * k, 900 * k),
+        Scenario("x5-dense", "20 containers of 3 types on 4 CPUs, random targets and "
+                 "arrivals in [0, 300 s]", "-",
+                 ((four, _random(53, 20, MODELS, (0, 300))),), 1500 * k, 1500 * k),
+        Scenario("x6-threads", "4 single- and 4 two-threaded workers on 4 CPUs; two of each "
+                 "need 1.4 CPUs", "-", ((four, threads),), 900 * k, 900 * k),
     ]
 
 

@@ -20,7 +20,7 @@ ARRAYS = ("t", "latency_s", "usage_cores", "limit_cores")
 @dataclass
 class Run:
     scenario: str
-    mode: str  # "dqoes" (dqoesd manages the node) or "default" (no limits: even share)
+    mode: str  # the policy of the dqoesd managing the node, or "default" (no limits)
     source: str  # "real" (a kernel, real workers) or "sim"
     params: dict[str, float]  # the daemon's (empty for the default platform)
     nodes: list[Node]
@@ -29,6 +29,7 @@ class Run:
     usage_cores: np.ndarray
     limit_cores: np.ndarray
     notes: dict[str, Any] = field(default_factory=dict)
+    decisions: list[list[float]] = field(default_factory=list)  # policy rounds, per node
 
     @classmethod
     def from_windows(cls, scenario: str, mode: str, source: str,
@@ -39,7 +40,7 @@ class Run:
         joined = {name: np.concatenate([getattr(w, name)[:rows] for w in windows], axis=1)
                   for name in ARRAYS[1:]}
         return cls(scenario, mode, source, params, nodes, windows[0].t[:rows], **joined,
-                   notes=notes)
+                   notes=notes, decisions=[w.decisions.tolist() for w in windows])
 
     @property
     def containers(self) -> list[Container]:
@@ -52,16 +53,20 @@ class Run:
 
     @property
     def targets(self) -> np.ndarray:
-        return np.array([c.target_s for c in self.containers])
+        """(T, n) each container's target in each window (targets may change mid-run)."""
+        return np.column_stack([c.target_at(self.t) for c in self.containers]) \
+            if self.containers else np.zeros((len(self.t), 0))
 
     def classes(self, alpha: float = 0.10) -> np.ndarray:
         """(T, n) Cls codes of each window, as the policy classifies (IDLE: no request)."""
-        return np.array([classify(self.targets, latency, alpha)
-                         for latency in self.latency_s], np.int8).reshape(self.latency_s.shape)
+        return np.array([classify(target, latency, alpha)
+                         for target, latency in zip(self.targets, self.latency_s, strict=True)],
+                        np.int8).reshape(self.latency_s.shape)
 
-    def satisfied(self, alpha: float = 0.10) -> np.ndarray:
-        """(T,) how many containers are in S."""
-        return (self.classes(alpha) == Cls.S).sum(axis=1)
+    def satisfied(self, alpha: float = 0.10, node: int | None = None) -> np.ndarray:
+        """(T,) how many containers are in S (on one node, or all)."""
+        s = self.classes(alpha) == Cls.S
+        return (s if node is None else s[:, self.node_of == node]).sum(axis=1)
 
     def gaps(self, alpha: float = 0.10) -> tuple[np.ndarray, np.ndarray]:
         """(T,) Q_G and Q_B: the summed gaps q = target - latency of G and of B."""
@@ -73,20 +78,29 @@ class Run:
     # --- files ---------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        data = {k: v for k, v in asdict(self).items() if k not in ARRAYS}
+        data = _finite_or_none({k: v for k, v in asdict(self).items() if k not in ARRAYS})
         data.update({k: _nan_to_none(getattr(self, k)) for k in ARRAYS})
         path.write_text(json.dumps(data, indent=None, separators=(",", ":")))
 
     @classmethod
     def load(cls, path: Path) -> Run:
         data = json.loads(path.read_text())
-        nodes = [Node(nd["cpus"], tuple(Container(**c) for c in nd["containers"]))
+        nodes = [Node(nd["cpus"], tuple(Container.from_dict(c) for c in nd["containers"]))
                  for nd in data.pop("nodes")]
         arrays = {k: np.array(data.pop(k), dtype=float) for k in ARRAYS}
         n = sum(len(nd.containers) for nd in nodes)
         for k in ARRAYS[1:]:
             arrays[k] = arrays[k].reshape(-1, n)
         return cls(nodes=nodes, **arrays, **data)
+
+
+def _finite_or_none(x: Any) -> Any:
+    """JSON has no infinity (a container that never leaves): None."""
+    if isinstance(x, dict):
+        return {k: _finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_or_none(v) for v in x]
+    return None if isinstance(x, float) and not np.isfinite(x) else x
 
 
 def _nan_to_none(a: np.ndarray) -> Any:

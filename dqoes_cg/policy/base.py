@@ -2,7 +2,7 @@
 
 The loop hands a policy an `Observation` (per-slot numpy arrays it owns) and gets back a
 `Decision` (per-slot arrays the policy owns), or None when the policy is not due. Slots are
-0..n-1, as in the loop's tables; `resize(n)` follows a membership change. CPU limits and
+0..n-1, as in the loop's tables; `resize(n, carried)` follows a membership change. CPU limits and
 usages are fractions of the worker budget T_R (1.0 = every CPU the managed containers may
 use). A container's first limit is the policy's choice: the loop passes NaN for a limit it
 never set, and writes nothing for a NaN in the decision.
@@ -20,6 +20,7 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 Int8Array = npt.NDArray[np.int8]
 BoolArray = npt.NDArray[np.bool_]
+IndexArray = npt.NDArray[np.intp]
 
 T_R = 1.0  # the worker budget, in the fraction units of limits and usages: the cap of any limit
 ALPHA, BETA = 0.10, 0.10  # the paper's tolerance band and step
@@ -69,8 +70,10 @@ class Policy(Protocol):
 
     name: str
 
-    def resize(self, n: int) -> None:
-        """Membership changed: n slots from now on. Implies `reset()`."""
+    def resize(self, n: int, carried: IndexArray | None = None) -> None:
+        """Membership changed: n slots from now on. Implies `reset()`. `carried[i]` is the
+        slot that new slot i had before the change, -1 for a container that just joined;
+        None: nothing carries over (a policy with per-container memory starts afresh)."""
 
     def reset(self) -> None:
         """A target changed (or membership did): run at the next `decide`, whatever the time."""

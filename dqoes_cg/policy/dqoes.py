@@ -76,6 +76,7 @@ from .base import (
     Cls,
     Decision,
     FloatArray,
+    IndexArray,
     Int8Array,
     Observation,
     PolicyParams,
@@ -115,7 +116,7 @@ class Workspace:
                    valid=flags(), used=flags(), g=flags(), s=flags(), b=flags())
 
 
-def _masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
+def masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
     """Σ values[mask], through scratch: masked reductions and ufuncs (`where=`) run several
     times slower per element than a plain copy and sum."""
     scratch.fill(0.0)
@@ -123,17 +124,13 @@ def _masked_sum(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> flo
     return float(scratch.sum())
 
 
-def algorithm1_into(
-    target: FloatArray, measured: FloatArray, usage: FloatArray, limit: FloatArray, *,
-    alpha: float, beta: float, ws: Workspace, limits_out: FloatArray, classes_out: Int8Array,
-) -> Round:
-    """DQoES Algorithm 1 over n slots, written into limits_out, classes_out and ws.q (= q_i).
-    All arrays have shape (n,); limits_out may be `limit` (each slot reads only its own
-    limit, before writing it). Allocates no arrays."""
+def classify_into(target: FloatArray, measured: FloatArray, usage: FloatArray, *,
+                  alpha: float, ws: Workspace, classes_out: Int8Array) -> Round:
+    """Algorithm 1's first step over n slots: q_i into ws.q, the masks ws.valid, ws.used,
+    ws.g, ws.s, ws.b, the Cls codes into classes_out, and the class totals. A slot is valid
+    (classified) when q_i and its usage are finite. Allocates no arrays."""
     q, x, y, valid, used, g, s, b = ws.q, ws.x, ws.y, ws.valid, ws.used, ws.g, ws.s, ws.b
-    n = q.shape[0]
-
-    # Classify. NaN compares false, so only the valid mask keeps idle slots out of G and B.
+    # NaN compares false, so only the valid mask keeps idle slots out of G and B.
     np.subtract(target, measured, out=q)
     np.isfinite(q, out=valid)
     np.isfinite(usage, out=used)
@@ -147,14 +144,25 @@ def algorithm1_into(
     np.logical_or(g, b, out=s)
     np.logical_xor(s, valid, out=s)  # valid and neither G nor B (G and B lie inside valid)
 
-    totals = Round(q_g=_masked_sum(q, g, y), q_b=_masked_sum(q, b, y),
-                   r_g=_masked_sum(usage, g, y), r_b=_masked_sum(usage, b, y),
-                   satisfied=int(np.count_nonzero(s)))
-
     classes_out.fill(Cls.IDLE)
     np.copyto(classes_out, Cls.G, where=g)
     np.copyto(classes_out, Cls.S, where=s)
     np.copyto(classes_out, Cls.B, where=b)
+    return Round(q_g=masked_sum(q, g, y), q_b=masked_sum(q, b, y),
+                 r_g=masked_sum(usage, g, y), r_b=masked_sum(usage, b, y),
+                 satisfied=int(np.count_nonzero(s)))
+
+
+def algorithm1_into(
+    target: FloatArray, measured: FloatArray, usage: FloatArray, limit: FloatArray, *,
+    alpha: float, beta: float, ws: Workspace, limits_out: FloatArray, classes_out: Int8Array,
+) -> Round:
+    """DQoES Algorithm 1 over n slots, written into limits_out, classes_out and ws.q (= q_i).
+    All arrays have shape (n,); limits_out may be `limit` (each slot reads only its own
+    limit, before writing it). Allocates no arrays."""
+    q, x, y, used, g, b = ws.q, ws.x, ws.y, ws.used, ws.g, ws.b
+    n = q.shape[0]
+    totals = classify_into(target, measured, usage, alpha=alpha, ws=ws, classes_out=classes_out)
 
     # Each class's new limit is computed for every slot, then copied where the class holds.
     np.copyto(limits_out, limit)  # S and idle keep theirs
@@ -168,7 +176,7 @@ def algorithm1_into(
     if totals.q_b < 0.0:  # B is not empty
         # The factor 1 + (q_i/Q_B)·R_G·β is ≥ 1 (q_i and Q_B are both < 0); with no G, the
         # idle CPU is added by the same shares.
-        idle = T_R - _masked_sum(usage, used, y) if totals.q_g == 0.0 else 0.0
+        idle = T_R - masked_sum(usage, used, y) if totals.q_g == 0.0 else 0.0
         np.multiply(q, totals.r_g * beta / totals.q_b, out=y)
         np.add(y, 1.0, out=y)
         np.multiply(limit, y, out=y)
@@ -276,7 +284,8 @@ class DQoES:
         self.listener = Listener(iv_initial, iv_max)
         self.resize(0)
 
-    def resize(self, n: int) -> None:
+    def resize(self, n: int, carried: IndexArray | None = None) -> None:
+        """n slots from now on; DQoES keeps nothing per container, so `carried` is unused."""
         self._ws = Workspace.sized(n)
         self._decision = Decision(limits=np.zeros(n), classes=np.zeros(n, dtype=np.int8),
                                   score=self._ws.q)

@@ -1,0 +1,344 @@
+"""The Admit policy's rules: work per request and needs, the band and its margin, the usable
+maximum, cheapest-first admission with the floors reserved, the split of what is left, caps
+within the budget, hysteresis, memory across membership changes, and no allocation."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dqoes_cg.policy import POLICIES, Cls, Observation, PolicyParams, make_policy
+from dqoes_cg.policy.admit import (
+    INCUMBENT,
+    MARGIN_MIN,
+    PROBE,
+    Admit,
+    Scratch,
+    water_level,
+)
+
+NAN = math.nan
+ALPHA = 0.1
+LEAN = math.exp(MARGIN_MIN) / (1 + ALPHA)  # share / (w/o) at the lean aim, on a quiet host
+COMFY = 1 / math.sqrt(1 - ALPHA**2)  # ... in the middle of the band
+
+
+def obs(target, measured, usage, limit) -> Observation:
+    return Observation(*(np.asarray(a, dtype=np.float64) for a in
+                         (target, measured, usage, limit)))
+
+
+def policy(n: int) -> Admit:
+    pol = Admit()
+    pol.resize(n)
+    return pol
+
+
+class Fluid:
+    """Busy workers of work w_i (share-seconds per request) behind caps that add up to at
+    most the budget: each gets min(cap, what it can use); unlimited ones share the rest
+    evenly (enough for these tests)."""
+
+    def __init__(self, work, target, usable=None) -> None:
+        self.work = np.asarray(work, float)
+        self.target = np.asarray(target, float)
+        self.usable = np.ones_like(self.work) if usable is None else np.asarray(usable, float)
+        self.limit = np.full(self.work.shape, NAN)
+
+    def window(self, factor: float | np.ndarray = 1.0) -> Observation:
+        capped = np.isfinite(self.limit)
+        share = np.where(capped, self.limit, 0.0)
+        free = max(1.0 - share.sum(), 0.0)
+        share[~capped] = free / max(int((~capped).sum()), 1)
+        share = np.minimum(share, self.usable)
+        return obs(self.target, self.work * factor / share, share, self.limit)
+
+    def rounds(self, pol: Admit, k: int, factor: float = 1.0) -> list[int]:
+        satisfied = []
+        for r in range(k):
+            o = self.window(factor)
+            satisfied.append(int((_classes(o) == Cls.S).sum()))
+            d = pol.decide(o, now=float(r))
+            assert d is not None
+            np.copyto(self.limit, d.limits)
+            pol.reset()
+        return satisfied
+
+
+def _classes(o: Observation) -> np.ndarray:
+    q = o.target - o.measured
+    return np.where(np.abs(q) <= ALPHA * o.target, Cls.S, np.where(q > 0, Cls.G, Cls.B))
+
+
+# --- needs, the band, the first round -----------------------------------------------------
+
+
+def test_registered_by_name_with_the_daemons_parameters():
+    assert POLICIES["admit"] == Admit.from_params
+    pol = make_policy("admit", PolicyParams(alpha=0.2, iv_initial=3.0, iv_max=6.0))
+    assert isinstance(pol, Admit) and pol.alpha == 0.2 and pol.listener.interval == 3.0
+
+
+def test_first_round_gives_each_its_need_from_usage_times_latency():
+    # Four busy containers at the even share 0.25 (unlimited): w = 0.25 · p. Needs w/o are
+    # 0.15, 0.2, 0.15 and 0.3 (the floor is 0.125): they fit in the middle of the band, and
+    # get exactly that.
+    pol = policy(4)
+    work = np.array([0.15, 0.2, 0.15, 0.3])
+    d = pol.decide(obs([1.0] * 4, work / 0.25, [0.25] * 4, [NAN] * 4), now=0.0)
+    assert d is not None
+    assert d.limits == pytest.approx(work * COMFY)
+    assert d.totals["admitted"] == 4
+
+
+def test_each_container_meets_its_target_in_the_second_window():
+    fluid = Fluid(work=[0.15, 0.2, 0.3, 0.45], target=[1.0, 1.0, 2.0, 1.5])
+    assert fluid.rounds(policy(4), 3)[1:] == [4, 4]
+
+
+def test_scarce_cpu_admits_at_the_lean_share_cheapest_first():
+    # Five containers needing 0.28 each at the target: floors 0.1, costs of 0.156 at the
+    # lean share. Three fit (0.5 + 3 · 0.156 <= 1), at the lean share or a little more;
+    # the others keep their floor plus what is left, split evenly.
+    pol = policy(5)
+    d = pol.decide(obs([1.0] * 5, [0.28 / 0.2] * 5, [0.2] * 5, [NAN] * 5), now=0.0)
+    assert d is not None
+    admitted = d.limits > 0.25
+    assert admitted.sum() == 3
+    assert (d.limits[admitted] >= 0.28 * LEAN - 1e-12).all()
+    assert (d.limits[admitted] <= 0.28 * COMFY).all()
+    assert d.limits[~admitted] == pytest.approx([d.limits[~admitted][0]] * 2)
+    assert d.limits.sum() == pytest.approx(1.0)
+
+
+def test_identical_unachievable_targets_reach_the_oracle():
+    # The paper's 10 containers at the target 0.63 x their even-share latency: each needs
+    # 0.159 of the budget, and the floor is 0.05: five fit (the best possible), and stay.
+    fluid = Fluid(work=[0.1] * 10, target=[0.63] * 10)
+    assert fluid.rounds(policy(10), 6)[1:] == [5] * 5
+
+
+def test_loose_targets_stay_at_the_floor():
+    # Needs 0.02 and 0.04 < the floor 0.25 at the target: at the floor they are faster than
+    # the band (G) and cost nothing; the third gets the rest it needs.
+    pol = policy(2)
+    d = pol.decide(obs([1.0, 1.0], [0.02 / 0.5, 0.6 / 0.5], [0.5, 0.5], [NAN, NAN]), 0.0)
+    assert d is not None
+    assert d.limits[0] == 0.25
+    assert d.limits[1] == pytest.approx(0.6 * COMFY)
+
+
+# --- the usable maximum -------------------------------------------------------------------
+
+
+def test_a_single_thread_that_cannot_use_its_cap_is_not_admitted_and_others_are():
+    # c0 is single-threaded on 2 CPUs (at most 0.5 of the budget) and needs 0.6: hopeless.
+    # The first round gives it its need; it uses 0.5 with CPU idle: learned, and it is held at
+    # 0.5 (1 + PROBE), while c1 and c2, which need 0.18 each, stay admitted.
+    fluid = Fluid(work=[0.6, 0.18, 0.18], target=[1.0] * 3, usable=[0.5, 1.0, 1.0])
+    pol = policy(3)
+    fluid.rounds(pol, 1)
+    assert fluid.limit[0] == pytest.approx(0.6 * COMFY)
+    fluid.rounds(pol, 2)
+    assert fluid.limit[0] == pytest.approx(0.5 * (1 + PROBE))
+    assert fluid.limit[1:] == pytest.approx([0.18 * COMFY] * 2)
+
+
+def test_usage_under_the_cap_is_not_a_maximum_when_cfs_gave_the_cpu_away():
+    # c0 used 0.3 of its cap 0.6 while the node was busy (an unlimited newcomer took it):
+    # nothing learned, its need (0.5) is still admitted.
+    pol = policy(2)
+    d = pol.decide(obs([1.0, 1.0], [0.5 / 0.3, 0.1 / 0.7], [0.3, 0.7], [0.6, NAN]), 0.0)
+    assert d is not None
+    assert d.limits[0] == pytest.approx(0.5 * COMFY)
+
+
+def test_a_container_that_uses_more_than_its_maximum_raises_it():
+    pol = policy(2)
+    pol.decide(obs([1.0, 1.0], [2.0, 0.5], [0.2, 0.1], [0.5, 0.5]), 0.0)  # learned: 0.2
+    pol.reset()
+    d = pol.decide(obs([1.0, 1.0], [2.0, 0.5], [0.23, 0.1], [0.23, 0.5]), 1.0)
+    assert d is not None
+    assert d.limits[0] == pytest.approx(0.23 * (1 + PROBE))
+
+
+# --- what is left, caps within the budget -------------------------------------------------
+
+
+def test_leftover_goes_max_min_fair_to_the_unsatisfiable():
+    # c0 and c1 hopeless (need 3 and 0.3 of a budget of which they could use 0.3 at most),
+    # c2 admitted with 0.4 at the target. What c2 leaves, 0.6 less the floors, is split to
+    # give each hopeless one the same amount, but c1 no more than its usable maximum.
+    fluid = Fluid(work=[3.0, 1.0, 0.4], target=[1.0, 1.0, 1.0], usable=[1.0, 0.15, 1.0])
+    pol = policy(3)
+    fluid.rounds(pol, 3)
+    assert fluid.limit[2] == pytest.approx(0.4 * COMFY)
+    assert fluid.limit[1] == pytest.approx(0.15 * (1 + PROBE))
+    assert fluid.limit.sum() == pytest.approx(1.0)
+
+
+@st.composite
+def nodes(draw):
+    n = draw(st.integers(1, 30))
+    target = np.array(draw(st.lists(st.floats(0.05, 5.0), min_size=n, max_size=n)))
+    work = np.array(draw(st.lists(st.floats(1e-3, 1.0), min_size=n, max_size=n)))
+    share = np.full(n, 1.0 / n)
+    measured = work / share
+    idle = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    measured[idle] = NAN
+    limit = np.where(draw(st.booleans()), NAN, share)
+    return target, measured, share, np.full(n, limit) if np.ndim(limit) == 0 else limit
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes())
+def test_caps_fit_the_budget_floors_hold_and_admission_is_cheapest_first(node):
+    target, measured, usage, limit = node
+    n = len(target)
+    pol = policy(n)
+    d = pol.decide(obs(target, measured, usage, limit), now=0.0)
+    assert d is not None
+    known = np.isfinite(measured)
+    floor = 0.5 / n
+    held = np.where(known, 0.0, np.fmax(np.where(np.isnan(limit), usage, limit), floor)).sum()
+    assert d.limits[known].sum() <= max(1.0 - held, known.sum() * floor) + 1e-9
+    assert (d.limits[known] >= floor - 1e-12).all()
+    assert np.array_equal(d.limits[~known], limit[~known], equal_nan=True)
+    # The count admitted is the most whose lean shares fit (costs recomputed here).
+    w = usage * measured
+    lean = w / target * LEAN
+    most = w / target * math.exp(-MARGIN_MIN) / (1 - ALPHA)
+    ok = known & (lean <= 1.0) & (most >= floor)
+    costs = np.sort(np.maximum(lean[ok], floor) - floor)
+    budget = 1.0 - known.sum() * floor - held
+    best = int(np.searchsorted(np.cumsum(costs), budget + 1e-12, side="right"))
+    assert d.totals["admitted"] == best
+
+
+# --- noise, load changes, hysteresis -------------------------------------------------------
+
+
+def test_noise_moves_the_aim_to_the_middle_of_the_band():
+    rng = np.random.default_rng(1)
+    pol = policy(1)
+    for k in range(30):
+        p = 2.0 * rng.lognormal(0.0, 0.08)
+        d = pol.decide(obs([1.0], [p], [0.25], [0.25]), now=float(k))
+        pol.reset()
+    assert d is not None
+    # mu = min(2 · scatter, atanh alpha): the middle, 0.5 · COMFY, within the estimate's noise
+    assert d.limits[0] == pytest.approx(0.5 * COMFY, rel=0.05)
+
+
+def test_a_load_change_is_followed_once_confirmed_and_an_outlier_is_ignored():
+    fluid = Fluid(work=[0.3, 0.2, 0.2], target=[1.0] * 3)
+    pol = policy(3)
+    assert fluid.rounds(pol, 4)[1:] == [3, 3, 3]
+    before = fluid.limit.copy()
+    doubled = np.array([2.0, 1.0, 1.0])
+    assert fluid.rounds(pol, 1, doubled) == [2]  # one window: an outlier, left out
+    assert fluid.limit == pytest.approx(before)
+    assert fluid.rounds(pol, 1) == [3]  # and it was: back to normal
+    assert fluid.rounds(pol, 2, doubled) == [2, 2]  # twice: c0's work doubled
+    assert fluid.limit[0] >= 0.6 * LEAN
+    assert fluid.rounds(pol, 2, doubled) == [3, 3]
+
+
+def test_an_incumbent_keeps_its_place_against_a_slightly_cheaper_newcomer():
+    # One place beyond the floors (0.25 each): c0 holds it; c1 comes to cost 5% less, which
+    # is noise (within INCUMBENT), then 30% less, which is not. Both never fit.
+    def decide(pol: Admit, need1: float) -> np.ndarray:
+        for _ in range(12):
+            d = pol.decide(obs([1.0, 1.0], [0.6 / 0.5, need1 / 0.5], [0.5, 0.5], [NAN, NAN]),
+                           0.0)
+            pol.reset()
+        assert d is not None
+        return d.limits
+
+    pol = policy(2)
+    first = decide(pol, 0.9)  # c1 needs too much beside c0
+    assert first[0] == pytest.approx(0.6 * COMFY)
+    cost0 = 0.6 * LEAN - 0.25
+    held = decide(pol, (0.25 + cost0 * (1 - INCUMBENT / 2)) / LEAN)
+    assert held[0] >= 0.6 * LEAN - 1e-12
+    taken = decide(pol, (0.25 + cost0 * 0.7) / LEAN)
+    assert taken[0] < 0.6 * LEAN
+
+
+# --- idle slots, membership, the hot path ------------------------------------------------
+
+
+def test_idle_slots_are_left_alone_and_hold_their_limit():
+    pol = policy(3)
+    d = pol.decide(obs([1.0, 1.0, NAN], [NAN, 0.25 / 0.3, 0.5], [0.1, 0.3, 0.2],
+                       [0.5, NAN, 0.2]), 0.0)
+    assert d is not None
+    assert d.classes.tolist() == [Cls.IDLE, Cls.G, Cls.IDLE]
+    assert d.limits[0] == 0.5 and d.limits[2] == 0.2
+    assert d.limits[1] == pytest.approx(0.25 * COMFY)  # fits in 1 - 0.5 - 0.2
+
+
+def test_memory_follows_each_container_across_a_membership_change():
+    fluid = Fluid(work=[0.6, 0.18, 0.18], target=[1.0] * 3, usable=[0.5, 1.0, 1.0])
+    pol = policy(3)
+    fluid.rounds(pol, 3)  # c0's maximum learned
+    # c1 leaves, a newcomer joins: c0 moves to slot 1 and is still held at its maximum.
+    pol.resize(3, np.array([2, 0, -1]))
+    d = pol.decide(obs([1.0] * 3, [0.18 / 0.2, 0.6 / 0.5, 0.1 / 0.2], [0.2, 0.5, 0.2],
+                       [0.18 * COMFY, 0.5 * (1 + PROBE), NAN]), 0.0)
+    assert d is not None
+    assert d.limits[1] == pytest.approx(0.5 * (1 + PROBE))
+    with pytest.raises(ValueError):
+        pol.resize(2, np.array([0]))
+
+
+def test_water_level_examples():
+    s = Scratch.sized(4)
+    assert water_level(np.array([0.1, 0.5, 0.0, 0.2]), 0.4, s) == pytest.approx(0.15)
+    assert water_level(np.array([0.1, 0.5, 0.0, 0.2]), 2.0, s) == 0.5
+    assert water_level(np.array([0.1, 0.5, 0.0, 0.2]), 0.0, s) == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40), st.floats(0.0, 5.0))
+def test_water_level_splits_the_total(head, total):
+    h = np.array(head)
+    level = water_level(h, total, Scratch.sized(len(h)))
+    assert np.minimum(h, level).sum() == pytest.approx(min(total, h.sum()), abs=1e-9)
+
+
+def test_decide_allocates_no_arrays():
+    n = 20000  # one float64 array of n would be 160 kB
+    rng = np.random.default_rng(0)
+    target = rng.uniform(0.1, 1.0, n)
+    usage = np.full(n, 1.0 / n)
+    measured = target * rng.uniform(0.5, 1.5, n)
+    measured[::7] = NAN
+    o = obs(target, measured, usage, usage * 1.1)
+    pol = policy(n)
+    first = pol.decide(o, now=0.0)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for k in range(1, 6):
+            pol.reset()
+            assert pol.decide(o, now=float(k)) is first  # the same buffers, refilled
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak - base < 16_000
+
+
+def test_rejects_bad_parameters_and_shapes():
+    with pytest.raises(ValueError):
+        Admit(alpha=1.0)
+    with pytest.raises(ValueError):
+        Admit(alpha=NAN)
+    pol = policy(3)
+    with pytest.raises(ValueError):
+        pol.decide(obs([1.0] * 2, [1.0] * 2, [0.1] * 2, [0.1] * 2), 0.0)
