@@ -29,6 +29,8 @@ setup(
         "console_scripts": [
             "dqoesd=dqoes_cg.daemon:main",
             "dqoesctl=dqoes_cg.ctl:main",
+            "dqoes-manager=dqoes_cg.cluster.managerd:main",
+            "dqoes-agent=dqoes_cg.cluster.agent:main",
         ]
     },
 )
