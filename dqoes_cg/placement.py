@@ -18,12 +18,14 @@ measured) counts at the cluster's expected need: the median of the known ones.
 
 Moves
 -----
-A task is *stuck* when its daemon classes it B and its node does not admit it: the node has
-nothing left to give it without taking from others. A stuck task that has stayed stuck for
-`settle_s` moves (its service's tasks on that node, through Swarm) to the node where it
-gains the most: the one that admits it without displacing any task it admits now, keeps
-`margin` of the mover's need to spare, and has the most room left. The move must raise the
-number admitted on the two nodes together. Cheapest needs move first (each counts one).
+A task is *stuck* when its daemon classes it out of S and its node does not admit it: in B,
+the node has nothing left to give it without taking from others; in G, its need is under
+the node's floor (a loose target among few tasks), so it stays faster than its target. A
+task stuck for `settle_s` moves (its service's tasks on that node, through Swarm) to the
+node where it gains the most: one that has room for it without displacing any task it
+admits now, keeps `margin` of the mover's need to spare, and has the most room left. The
+move must raise the number admitted on the two nodes together. Cheapest needs move first
+(each counts one).
 Limits: `max_moves_per_minute` over the cluster; a moved service stays put for `hold_s`; one
 move in flight per node (as source or destination) and per service; only replicated
 services whose running tasks are all there and that Swarm is not updating; never a task of
@@ -35,9 +37,10 @@ Swarm's scheduler places new tasks by count on active nodes. A node that could n
 new task of the expected need is *full*: it is paused (Swarm's `availability=pause`: its
 tasks run on, no new one is scheduled there) at once, and made active again once it could
 admit one of `resume_factor` times the expected need for `settle_s`: the gap between the two
-thresholds and the wait are the hysteresis. Placement pauses and resumes only nodes it
-paused itself, and never pauses the last active node: if every one is full, the roomiest
-stays open (new tasks must go somewhere).
+thresholds and the wait are the hysteresis, and a node is paused or resumed at most once per
+`settle_s`. When every node is full, none is kept paused: new tasks are then spread by count,
+as Swarm would, rather than piled on one node. Placement pauses and resumes only nodes it
+paused itself, and always leaves a node active.
 """
 
 from __future__ import annotations
@@ -229,6 +232,8 @@ class Placement:
         self._log_need: dict[str, float] = {}  # task id: smoothed log need
         self._stuck_since: dict[str, float] = {}  # task id
         self._roomy_since: dict[str, float] = {}  # paused node name
+        self._toggled: dict[str, float] = {}  # node name: when placement last paused or
+        #                                       resumed it
         self._moved_at: dict[str, float] = {}  # service: when its last move started
         self._recent: deque[float] = deque()  # when each move of the last minute started
         self._flights: dict[str, _Flight] = {}  # service: its move in flight
@@ -318,13 +323,14 @@ class Placement:
 
     def _find_stuck(self, view: ClusterView, nodes: dict[str, NodeView],
                     loads: dict[str, list[Load]]) -> list[TaskView]:
-        """Tasks in B that their node does not admit (and since when, in _stuck_since)."""
+        """Tasks out of S that their node does not admit (and since when, in
+        _stuck_since)."""
         admits = {name: admitted(nodes[name].budget_cpus, ls, self.params.alpha)
                   for name, ls in loads.items()}
         stuck = []
         for task in view.tasks:
             node = nodes.get(task.node)
-            if (node is not None and node.ready and task.cls == "B"
+            if (node is not None and node.ready and task.cls in ("B", "G")
                     and self._need(task) is not None and task.id not in admits[task.node]):
                 self._stuck_since.setdefault(task.id, view.now)
                 stuck.append(task)
@@ -400,28 +406,35 @@ class Placement:
             return takes(node.budget_cpus, loads[node.name], Load("", need, node.budget_cpus),
                          p.alpha)
 
-        open_after = []
+        def may_toggle(node: NodeView) -> bool:
+            return view.now - self._toggled.get(node.name, -math.inf) >= p.settle_s
+
+        full = {n.name for n in ours if not could_take(n, expected)}
+        everything_full = len(full) == len(ours)
         for node in ours:
             if node.availability is Availability.ACTIVE:
-                if could_take(node, expected):
-                    open_after.append(node.name)
-                else:
+                if node.name in full and not everything_full and may_toggle(node):
                     plan.pause.append(node.name)
-            elif could_take(node, expected * p.resume_factor):
-                since = self._roomy_since.setdefault(node.name, view.now)
-                if view.now - since >= p.settle_s:
-                    plan.resume.append(node.name)
-                    open_after.append(node.name)
+                    self._toggled[node.name] = view.now
+                continue
+            roomy = could_take(node, expected * p.resume_factor)
+            if roomy:
+                self._roomy_since.setdefault(node.name, view.now)
             else:
                 self._roomy_since.pop(node.name, None)
-        for name in plan.resume:
-            self._roomy_since.pop(name, None)
-        if not open_after:  # all full: the roomiest stays (or becomes) open
+            long_roomy = roomy and view.now - self._roomy_since[node.name] >= p.settle_s
+            if (long_roomy or everything_full) and may_toggle(node):
+                plan.resume.append(node.name)
+                self._toggled[node.name] = view.now
+                self._roomy_since.pop(node.name, None)
+        active = {n.name for n in ours if n.availability is Availability.ACTIVE}
+        if not (active - set(plan.pause)) | set(plan.resume):  # new tasks must go somewhere
             roomiest = max(ours, key=lambda n: room(n.budget_cpus, loads[n.name], p.alpha))
             if roomiest.name in plan.pause:
                 plan.pause.remove(roomiest.name)
             else:
                 plan.resume.append(roomiest.name)
+            self._toggled[roomiest.name] = view.now
 
 
 def _task_keys(view: ClusterView, service: str, node: str) -> set[str]:
