@@ -44,8 +44,9 @@ def task_doc(task_id: str, service_id: str, node_id: str, container_id: str, slo
 
 
 class StubEngine:
-    """GET answers `docs[path]` (a copy); `down` makes every call fail; POSTs are recorded
-    in `posts` and answered with {}."""
+    """GET answers `docs[path]` (a copy), or the object of that ID in the listing (GET
+    /services/ID: the one in docs["/services"]); `down` makes every call fail; POSTs are
+    recorded in `posts` and answered with {}."""
 
     def __init__(self, docs: dict[str, Any] | None = None) -> None:
         self.docs: dict[str, Any] = docs or {}
@@ -68,9 +69,13 @@ class StubEngine:
             if method == "POST":
                 self.posts.append((path, query, copy.deepcopy(body)))
                 return {}
-            if path not in self.docs:
-                raise EngineError(f"{self}: GET {path} answered 404: page not found")
-            return copy.deepcopy(self.docs[path])
+            if path in self.docs:
+                return copy.deepcopy(self.docs[path])
+            kind, _, oid = path.rpartition("/")
+            for doc in self.docs.get(kind, ()):  # one object: GET /services/ID
+                if doc["ID"] == oid:
+                    return copy.deepcopy(doc)
+            raise EngineError(f"{self}: GET {path} answered 404: page not found")
 
 
 def status_doc(budget: float, containers: list[dict[str, Any]], ticks: int = 10

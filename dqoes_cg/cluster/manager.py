@@ -28,6 +28,7 @@ from ..engine import Engine, EngineError
 from . import swarmapi
 from .actions import SwarmActions
 from .protocol import Ack, ContainerReport, Report
+from .qoe_placement import QoEPlacement
 from .swarmapi import Snapshot
 from .view import ClusterView, NodeView, Placement, ServiceView, TaskView
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 GRACE_S = 10.0
 NODE_TIMEOUT_S = 5.0  # without a report, a node is unreachable
 
-PLACEMENTS: dict[str, Callable[[], Placement]] = {}
+PLACEMENTS: dict[str, Callable[[], Placement]] = {"qoe": QoEPlacement}
 """Placement policies by name (`dqoes-manager --placement NAME`); none by default."""
 
 
