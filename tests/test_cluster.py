@@ -378,3 +378,35 @@ def test_a_swarm_key_loses_its_headers_and_an_encrypted_one_is_refused(tmp_path:
     with pytest.raises(IdentityError, match="no private key"):
         plain_key(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
                   tmp_path)
+
+
+def test_an_agent_keeps_the_labels_without_a_manager_and_gives_them_to_a_new_dqoesd(
+        cluster: Cluster, tmp_path: Path) -> None:
+    server = Server(cluster.manager, cluster.creds["node1"], cluster.ca.swarm,
+                    ("127.0.0.1", 0))
+    server.start()
+    dqoesd = FakeDqoesd(tmp_path / "dqoesd.sock")
+    dqoesd.status = status_doc(0.5, [{"name": "web.1.xyz"}], ticks=100)
+    agent = Agent(agent_engine(cluster, "node2", {"web.1.xyz": CID_WEB}), dqoesd.path,
+                  server.address[1], cluster.creds["node2"].directory)
+    labels = {cluster.web: {"dqoes.target": "2s"}}
+    try:
+        def given() -> bool:
+            agent.step(time.monotonic())
+            return dqoesd.labels == labels
+
+        wait_for("web's labels given to dqoesd", given)
+        server.close()  # the manager stops
+        wait_for("the agent without a manager", lambda: not any(
+            link.connected for link in agent.links.values()))
+        for _ in range(3):
+            agent.step(time.monotonic())
+        assert dqoesd.labels == labels, "nothing forgotten while no manager answers"
+        # dqoesd starts again (its tick count starts over): it gets the labels again.
+        dqoesd.requests.clear()
+        dqoesd.status = status_doc(0.5, [{"name": "web.1.xyz"}], ticks=1)
+        agent.step(time.monotonic())
+        assert dqoesd.requests == [(cluster.web, {"dqoes.target": "2s"})]
+    finally:
+        agent.close()
+        dqoesd.close()
