@@ -16,7 +16,7 @@ from dqoes_cg.engine import EngineError
 
 def node_doc(node_id: str, hostname: str, role: str = "worker", state: str = "ready",
              availability: str = "active") -> dict[str, Any]:
-    return {"ID": node_id, "Description": {"Hostname": hostname},
+    return {"ID": node_id, "Version": {"Index": 3}, "Description": {"Hostname": hostname},
             "Spec": {"Role": role, "Availability": availability, "Labels": {}},
             "Status": {"State": state, "Addr": "127.0.0.1"}}
 

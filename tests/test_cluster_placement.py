@@ -12,7 +12,7 @@ from typing import Any
 from dqoes_cg.cluster.manager import PLACEMENTS, Manager
 from dqoes_cg.cluster.protocol import ContainerReport, Report
 from dqoes_cg.cluster.qoe_placement import QoEPlacement
-from dqoes_cg.cluster.swarmapi import AVOID_LABEL
+from dqoes_cg.cluster.swarmapi import AVOID_LABEL, PAUSED_LABEL
 from dqoes_cg.placement import PlacementParams
 from tests.fakeswarm import StubEngine, node_doc, service_doc, task_doc
 from tests.swarmca import swarm_id
@@ -42,22 +42,29 @@ class Crowded:
         self.t0 = time.monotonic()
         self.manager.tick(self.t0)
 
-    def at(self, seconds: float) -> None:
-        """Both workers report at t0 + seconds (each task in B, needing 0.3 of its node's
-        0.5 CPUs), then the manager ticks."""
+    def at(self, seconds: float, measured_s: float = 2.4) -> None:
+        """Both workers report at t0 + seconds (each task in B, measured at `measured_s`
+        for its target of 2s: by default needing 0.3 of its node's 0.5 CPUs), then the
+        manager ticks."""
         now = self.t0 + seconds
         for node in (self.node2, self.node3):
             mine = tuple(ContainerReport(t["Status"]["ContainerStatus"]["ContainerID"], "B",
-                                         2.0, "p95", 2.4, 0.25, 0.25, 50)
+                                         2.0, "p95", measured_s, 0.25, 0.25, 50)
                          for t in self.engine.docs["/tasks"] if t["NodeID"] == node)
             self.manager.receive(node, Report(int(seconds) + 1, 0.5, 0.25 * len(mine), True,
                                               True, None, mine), now)
         self.manager.tick(now)
 
-    def updates(self) -> list[tuple[str, dict[str, Any]]]:
-        """(service ID, spec) of every service update sent."""
+    def updates(self, kind: str = "services") -> list[tuple[str, dict[str, Any]]]:
+        """(ID, spec) of every update of a service (or node) sent."""
         return [(path.split("/")[2], body) for path, _, body in self.engine.posts
-                if path.endswith("/update")]
+                if path.startswith(f"/{kind}/") and path.endswith("/update")]
+
+    def swarm_took(self, node_id: str, spec: dict[str, Any]) -> None:
+        """Swarm took the node update: the node's spec is `spec`."""
+        for doc in self.engine.docs["/nodes"]:
+            if doc["ID"] == node_id:
+                doc["Spec"] = spec
 
     def swarm_did(self, service_id: str, spec: dict[str, Any], node: str) -> None:
         """Swarm took the update: the service's spec is `spec`, its task runs on `node`."""
@@ -111,3 +118,25 @@ def test_a_service_whose_update_order_is_stop_first_is_never_moved() -> None:
     for seconds in range(1, int(3 * SETTLE_S), 10):
         cluster.at(seconds)
     assert cluster.updates() == []
+
+
+def test_a_full_node_is_closed_to_new_tasks_and_opened_again_once_it_has_room() -> None:
+    cluster = Crowded()
+    cluster.at(1)
+    ((paused, spec),) = cluster.updates("nodes")
+    assert paused == cluster.node2, "node2 cannot take a task of the expected need"
+    assert (spec["Availability"], spec["Labels"]) == ("pause", {PAUSED_LABEL: "1"})
+    cluster.swarm_took(cluster.node2, spec)
+    # An operator's pause is not the manager's to lift.
+    cluster.engine.docs["/nodes"][0]["Spec"]["Availability"] = "pause"
+    # Its tasks need less (0.125 CPUs each): node2 has room again, and opens once it has
+    # had it for the settle time.
+    seconds = 2
+    while not cluster.updates("nodes")[1:] and seconds < 4 * SETTLE_S:
+        cluster.at(seconds, measured_s=1.0)
+        seconds += 5
+    ((_, _), (opened, spec)) = cluster.updates("nodes")
+    assert seconds > SETTLE_S
+    assert opened == cluster.node2
+    assert (spec["Availability"], spec["Labels"]) == ("active", {})
+    assert cluster.updates() == [], "no task moved"

@@ -1,6 +1,10 @@
 """What a placement asks of the manager (view.Actions), checked against the tick's view and
 carried out through Swarm after the tick.
 
+Nodes are closed to new tasks with Swarm's availability `pause` (their tasks run on), marked
+with the node label `dqoes-cluster.paused` so that the manager opens again only the nodes
+it closed itself, never one an operator paused or drained.
+
 Every action sets the nodes a service is kept off: a `node.id!=ID` placement constraint
 each, which the manager alone adds and removes (it records them in the service label
 `dqoes-cluster.avoid`: swarmapi.set_avoid). Why constraints on the service, and not node
@@ -32,6 +36,7 @@ class SwarmActions:
     def __init__(self, view: ClusterView, now: float, quiet: dict[str, float]) -> None:
         self.view = view
         self.wanted: dict[str, tuple[frozenset[str], str]] = {}  # service: (avoid, why)
+        self.paused: dict[str, bool] = {}  # node: pause it (True) or make it active
         self._now = now
         self._quiet = quiet
 
@@ -65,8 +70,38 @@ class SwarmActions:
         if service is not None:
             self._want(service, frozenset(), "anywhere again")
 
+    def close_node(self, node_id: str) -> None:
+        node = self.view.node(node_id)
+        if node is None or node.availability != "active":
+            return
+        others = [n for n in self.view.nodes if n.id != node_id and n.swarm_state == "ready"
+                  and n.availability == "active" and not self.paused.get(n.id, False)]
+        if others:
+            self.paused[node_id] = True
+        else:
+            key = f"close {node_id}"
+            if self._now - self._quiet.get(key, -QUIET_S) >= QUIET_S:
+                self._quiet[key] = self._now
+                log.warning("placement: closing node %s to new tasks refused: no other "
+                            "active node would be left", node.name)
+
+    def open_node(self, node_id: str) -> None:
+        node = self.view.node(node_id)
+        if node is not None and node.paused_by_placement:
+            self.paused[node_id] = False
+
     def carry_out(self, engine: Engine) -> None:
-        """The service updates asked for (each once; errors are logged)."""
+        """The node and service updates asked for (each once; errors are logged)."""
+        for nid, paused in self.paused.items():
+            node = self.view.node(nid)
+            name = node.name if node else nid
+            try:
+                swarmapi.set_paused(engine, nid, paused)
+                log.info("placement: node %s %s", name,
+                         "closed to new tasks (full)" if paused else "open to new tasks again")
+            except EngineError as e:
+                log.warning("placement: node %s: %s failed: %s", name,
+                            "pause" if paused else "resume", e)
         for sid, (avoid, why) in self.wanted.items():
             service = self.view.service(sid)
             if service is None or avoid == frozenset(service.avoid):

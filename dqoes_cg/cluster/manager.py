@@ -243,7 +243,8 @@ class Manager:
             n.id, n.hostname, n.role, n.state, n.availability, why is None, why, budget, used,
             None if budget is None or used is None else max(0.0, budget - used), **counts,
             refused=reports.refused,
-            report_age_s=None if reports.received is None else now - reports.received)
+            report_age_s=None if reports.received is None else now - reports.received,
+            paused_by_placement=n.paused_by_us)
 
 
 def _pushes(snapshot: Snapshot) -> dict[str, dict[str, dict[str, str]]]:

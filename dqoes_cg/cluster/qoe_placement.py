@@ -12,8 +12,12 @@ the constraints: the tasks stay where they are, and new ones may go anywhere aga
 
 Hysteresis and the cap are the decision's (PlacementParams: a task stuck for settle_s, at
 most max_moves_per_minute, a moved service held for hold_s). Only replicated services with
-a start-first update order are moved. Closing full nodes to new tasks (the decision's
-pause and resume) is not carried out: Swarm places new tasks by its own spread.
+a start-first update order are moved.
+
+New tasks: a node that could not take a task of the cluster's expected need is closed to
+new tasks (`close_node`: Swarm's availability pause, its tasks run on), and opened again
+(`open_node`) once it could take one and a half times that need for settle_s; when every
+node is full none stays closed (Swarm spreads), and one always stays open.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ def decision_view(view: ClusterView, now: float) -> decision.ClusterView:
     """The manager's view as the decision reads it (nodes and services by their IDs)."""
     nodes = tuple(
         decision.NodeView(n.id, n.budget_cpus, ready=n.reachable,
-                          availability=decision.Availability(n.availability))
+                          availability=decision.Availability(n.availability),
+                          paused_by_placement=n.paused_by_placement)
         for n in view.nodes if n.budget_cpus is not None
         and n.availability in tuple(decision.Availability))
     tasks = tuple(
@@ -62,3 +67,7 @@ class QoEPlacement:
             actions.move_away(move.service, move.source)
         for service_id in plan.settled:
             actions.release(service_id)
+        for node_id in plan.pause:
+            actions.close_node(node_id)
+        for node_id in plan.resume:
+            actions.open_node(node_id)

@@ -10,7 +10,7 @@ documents is skipped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 AVOID_LABEL = "dqoes-cluster.avoid"  # a service label: the node IDs the manager keeps it off
 AVOID_CONSTRAINT = "node.id!={}"
+PAUSED_LABEL = "dqoes-cluster.paused"  # a node label: placement paused it (not an operator)
 UPDATE_ATTEMPTS = 3  # a service update that raced another one is tried again
 
 
@@ -32,6 +33,7 @@ class SwarmNode:
     state: str  # ready, down, unknown, disconnected
     availability: str  # active, pause, drain
     address: str
+    paused_by_us: bool = False  # paused by the manager's placement (PAUSED_LABEL)
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,12 @@ def _listing(engine: Engine, path: str) -> list[Any]:
 def parse_node(doc: Any) -> SwarmNode | None:
     try:
         spec, status = doc["Spec"], doc["Status"]
+        availability = _str(spec["Availability"])
         return SwarmNode(_str(doc["ID"]), _str(doc["Description"]["Hostname"]),
-                         _str(spec["Role"]), _str(status["State"]),
-                         _str(spec["Availability"]), _str(status.get("Addr", "")))
-    except (KeyError, TypeError, ValueError):
+                         _str(spec["Role"]), _str(status["State"]), availability,
+                         _str(status.get("Addr", "")), availability == "pause"
+                         and PAUSED_LABEL in parse_labels(spec.get("Labels")))
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
@@ -148,15 +152,9 @@ def set_avoid(engine: Engine, service_id: str, avoid: Collection[str]) -> None:
     its other constraints and labels untouched. A constraint alone changed moves only the
     tasks on nodes that no longer satisfy it (Swarm replaces them with the service's update
     order). EngineError if Swarm refuses it."""
-    for attempt in range(UPDATE_ATTEMPTS):
-        doc = engine.get(f"/services/{service_id}")
-        try:
-            version, spec = int(doc["Version"]["Index"]), doc["Spec"]
-            labels = spec.setdefault("Labels", {}) or {}
-            placement = spec.setdefault("TaskTemplate", {}).setdefault("Placement", {})
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise EngineError(f"service {service_id}: a spec this manager cannot read") \
-                from None
+    def change(spec: dict[str, Any]) -> None:
+        labels = spec.setdefault("Labels", {}) or {}
+        placement = spec.setdefault("TaskTemplate", {}).setdefault("Placement", {})
         before = {AVOID_CONSTRAINT.format(n)
                   for n in labels.get(AVOID_LABEL, "").split(",") if n}
         theirs = [c for c in placement.get("Constraints") or [] if c not in before]
@@ -167,14 +165,44 @@ def set_avoid(engine: Engine, service_id: str, avoid: Collection[str]) -> None:
         else:
             labels.pop(AVOID_LABEL, None)
         spec["Labels"] = labels
+
+    _update(engine, "services", service_id, change)
+
+
+def set_paused(engine: Engine, node_id: str, paused: bool) -> None:
+    """Pause the node (Swarm schedules no new task there; its tasks run on), marked with
+    the node label PAUSED_LABEL as the manager's doing; or make it active again and drop
+    the mark. EngineError if Swarm refuses it."""
+    def change(spec: dict[str, Any]) -> None:
+        labels = spec.setdefault("Labels", {}) or {}
+        if paused:
+            spec["Availability"], labels[PAUSED_LABEL] = "pause", "1"
+        else:
+            spec["Availability"] = "active"
+            labels.pop(PAUSED_LABEL, None)
+        spec["Labels"] = labels
+
+    _update(engine, "nodes", node_id, change)
+
+
+def _update(engine: Engine, kind: str, oid: str, change: Callable[[dict[str, Any]], None]
+            ) -> None:
+    """Read a Swarm object's spec (services, nodes), `change` it, write it at the version
+    read; again if another update came in between."""
+    for attempt in range(UPDATE_ATTEMPTS):
+        doc = engine.get(f"/{kind}/{oid}")
         try:
-            engine.call("POST", f"/services/{service_id}/update",
-                        {"version": str(version)}, body=spec)
+            version, spec = int(doc["Version"]["Index"]), doc["Spec"]
+            change(spec)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise EngineError(f"{kind} {oid}: a spec this manager cannot read") from None
+        try:
+            engine.call("POST", f"/{kind}/{oid}/update", {"version": str(version)}, body=spec)
             return
         except EngineError as e:
             if "out of sequence" not in str(e) or attempt == UPDATE_ATTEMPTS - 1:
                 raise
-            log.debug("service %s changed meanwhile; trying again", service_id)
+            log.debug("%s %s changed meanwhile; trying again", kind, oid)
 
 
 def _str(value: Any) -> str:

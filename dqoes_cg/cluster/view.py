@@ -44,6 +44,11 @@ Actions (what a placement may ask; each is a Swarm service update, see actions.p
 - `prefer(service_id, node_ids)`: new tasks of the service (a scale-up, a replacement) land
   on these nodes; the tasks it runs elsewhere stay where they are.
 - `release(service_id)`: the service may go anywhere again; no task moves.
+- `close_node(node_id)`: Swarm schedules no new task on the node (availability pause,
+  marked as the manager's); its tasks run on. Refused for a node that is not active, or
+  when no other active ready node would be left.
+- `open_node(node_id)`: a node the manager paused is active again (a node an operator
+  paused or drained is left alone).
 
 Fields are only ever added; `from_json` ignores the fields it does not know.
 """
@@ -80,6 +85,7 @@ class NodeView:
     pending: int = 0
     refused: int = 0  # claims about containers it does not run, refused since the start
     report_age_s: float | None = None  # since its agent's last report
+    paused_by_placement: bool = False  # availability pause is the manager's (close_node)
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,10 @@ class Actions(Protocol):
     def prefer(self, service_id: str, node_ids: Collection[str]) -> None: ...
 
     def release(self, service_id: str) -> None: ...
+
+    def close_node(self, node_id: str) -> None: ...
+
+    def open_node(self, node_id: str) -> None: ...
 
 
 class Placement(Protocol):
