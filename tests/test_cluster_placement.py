@@ -12,6 +12,7 @@ from typing import Any
 from dqoes_cg.cluster.manager import PLACEMENTS, Manager
 from dqoes_cg.cluster.protocol import ContainerReport, Report
 from dqoes_cg.cluster.qoe_placement import QoEPlacement
+from dqoes_cg.cluster.show import format_cluster
 from dqoes_cg.cluster.swarmapi import AVOID_LABEL, PAUSED_LABEL
 from dqoes_cg.placement import PlacementParams
 from tests.fakeswarm import StubEngine, node_doc, service_doc, task_doc
@@ -127,11 +128,15 @@ def test_a_full_node_is_closed_to_new_tasks_and_opened_again_once_it_has_room() 
     assert paused == cluster.node2, "node2 cannot take a task of the expected need"
     assert (spec["Availability"], spec["Labels"]) == ("pause", {PAUSED_LABEL: "1"})
     cluster.swarm_took(cluster.node2, spec)
+    cluster.at(2)
+    (row,) = [line for line in format_cluster(cluster.manager.view()).splitlines()
+              if line.startswith("node2 ")]
+    assert "up (pause, placement)" in row
     # An operator's pause is not the manager's to lift.
     cluster.engine.docs["/nodes"][0]["Spec"]["Availability"] = "pause"
     # Its tasks need less (0.125 CPUs each): node2 has room again, and opens once it has
     # had it for the settle time.
-    seconds = 2
+    seconds = 3
     while not cluster.updates("nodes")[1:] and seconds < 4 * SETTLE_S:
         cluster.at(seconds, measured_s=1.0)
         seconds += 5

@@ -15,7 +15,10 @@ def format_cluster(view: ClusterView) -> str:
     nodes = [("NODE", "ROLE", "STATE", "BUDGET", "USED", "SPARE", "G", "S", "B", "IDLE",
               "PENDING", "REFUSED", "WHY")]
     for n in view.nodes:
-        nodes.append((n.name, n.role, "up" if n.reachable else "unreachable",
+        state = "up" if n.reachable else "unreachable"
+        if n.availability != "active":  # Swarm schedules no new task there
+            state += f" ({n.availability}{', placement' if n.paused_by_placement else ''})"
+        nodes.append((n.name, n.role, state,
                       _cpus(n.budget_cpus), _cpus(n.used_cpus), _cpus(n.spare_cpus),
                       str(n.G), str(n.S), str(n.B), str(n.idle), str(n.pending),
                       str(n.refused), n.reason or ""))
