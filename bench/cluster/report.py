@@ -24,7 +24,7 @@ class Judged:
 
     key: str
     title: str
-    where: str  # what ran it: the simulator, or the testbed's real Swarm
+    where: str  # what ran it, and how
     runs: list[ClusterRun]
     oracle: int  # the cluster oracle: free placement
     spread_oracle: int  # the per-node oracles added up, with Swarm's spread placement

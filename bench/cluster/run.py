@@ -1,11 +1,9 @@
-"""One cluster run, simulated or real, window by window: where each container served, its
+"""One simulated cluster run, window by window: where each container served, its
 latency, and the moves placement made; what it achieved."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -13,8 +11,6 @@ import numpy as np
 from bench.experiments.analysis import TAIL, reached
 from bench.experiments.sim import Container
 from dqoes_cg.policy import Cls, classify
-
-ARRAYS = ("t", "latency_s", "node", "paused")
 
 
 @dataclass(frozen=True)
@@ -29,7 +25,7 @@ class Moved:
 class ClusterRun:
     way: str  # default, per-node, placement
     policy: str | None  # the per-node policy (None: the default platform)
-    source: str  # sim or real
+    source: str  # what made it: "sim"
     cpus: list[float]  # the nodes' budgets
     containers: list[Container]
     t: np.ndarray  # (T,) window ends, s since the first arrival
@@ -51,26 +47,6 @@ class ClusterRun:
         """(T,) how many containers are in S in each window."""
         return np.array([int((classify(self.targets, row, alpha) == Cls.S).sum())
                          for row in self.latency_s])
-
-    def save(self, path: Path) -> None:
-        data = {k: v for k, v in asdict(self).items() if k not in ARRAYS}
-        data.update({k: np.where(np.isfinite(getattr(self, k)), getattr(self, k), None)
-                     .tolist() if k == "latency_s" else getattr(self, k).tolist()
-                     for k in ARRAYS})
-        path.write_text(json.dumps(data, separators=(",", ":")))
-
-    @classmethod
-    def load(cls, path: Path) -> ClusterRun:
-        data = json.loads(path.read_text())
-        data["containers"] = [Container(**c) for c in data["containers"]]
-        data["moves"] = [Moved(**m) for m in data["moves"]]
-        arrays = {k: np.array(data.pop(k), dtype=float if k == "latency_s" else None)
-                  for k in ARRAYS}
-        n = len(data["containers"])
-        arrays["latency_s"] = arrays["latency_s"].reshape(-1, n)
-        arrays["node"] = arrays["node"].reshape(-1, n).astype(int)
-        arrays["paused"] = arrays["paused"].reshape(-1, len(data["cpus"])).astype(bool)
-        return cls(**data, **arrays)
 
 
 @dataclass(frozen=True)
