@@ -1,8 +1,8 @@
 """The cluster end to end on the swarm guest's three real dockerd (lab/swarm.py): dqoesd and
 dqoes-agent on every node, dqoes-manager on the Swarm manager, a service labelled with a
 target. `dqoesctl cluster status` shows every node and the service's tasks with its target;
-a target changed on the service reaches every task without recreating any; a node whose
-agent stops is shown unreachable.
+a target changed on the service reaches every task without recreating any; a manager
+started again has the whole view back; a node whose agent stops is shown unreachable.
 """
 
 from __future__ import annotations
@@ -42,9 +42,12 @@ class Daemons:
                         "--run-dir", str(run), "--state-dir", str(run / "state"))
             self._start(f"agent-{node.name}", node, "dqoes_cg.cluster.agent", "--engine-socket",
                         str(node.socket), "--socket", str(run / "dqoes.sock"), "--interval", "2")
-        self._start("manager", swarm.manager, "dqoes_cg.cluster.managerd", "--engine-socket",
-                    str(swarm.manager.socket), "--socket", str(self.manager_socket),
-                    "--tick", "2")
+        self.start_manager()
+
+    def start_manager(self) -> None:
+        self._start("manager", self.swarm.manager, "dqoes_cg.cluster.managerd",
+                    "--engine-socket", str(self.swarm.manager.socket), "--socket",
+                    str(self.manager_socket), "--tick", "2")
 
     @staticmethod
     def run_dir(node: Node) -> Path:
@@ -150,6 +153,12 @@ def test_the_manager_shows_every_node_and_a_labelled_services_tasks_with_their_t
     # A new target on the service reaches every task, none recreated.
     swarm.update_service(SERVICE, "--label-add", "dqoes.target=3s")
     doc = daemons.wait("the three tasks pursuing the new target 3s", _targets_everywhere(3.0))
+    assert {t["container_id"] for t in _tasks(doc)} == containers
+
+    # The manager started again rebuilds its view from Swarm and the nodes' reports.
+    daemons.stop("manager")
+    daemons.start_manager()
+    doc = daemons.wait("the new manager's view: every target", _targets_everywhere(3.0))
     assert {t["container_id"] for t in _tasks(doc)} == containers
 
     # A node whose agent stops is unreachable, its task no longer counted.
