@@ -34,7 +34,7 @@ The view (frozen dataclasses; lists sorted by name, node, slot):
   unreachable, or has not reported it yet. Only a task in S on a reachable node counts as
   satisfied.
 
-Actions (what a placement may ask; each is a Swarm service update, see actions.py):
+Actions (what a placement may ask; each is a Swarm service or node update, see actions.py):
 - `move_away(service_id, node_id)`: the service's tasks on that node move to other nodes,
   and new ones stay off it until `release`. Swarm's rolling update replaces each such task
   with its update order, start-first: the new task runs before the old one stops, so the
