@@ -58,7 +58,7 @@ install-package:
 	$(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
 	    $(PIP_FLAGS) $(PACKAGE)
 	install -d -m 0755 $(PREFIX)/bin
-	for s in dqoesd dqoesctl; do \
+	for s in dqoesd dqoesctl dqoes-agent dqoes-manager; do \
 	    [ "$(SCRIPTS)" = "$(PREFIX)/bin" ] || ln -sf $(SCRIPTS)/$$s $(PREFIX)/bin/$$s; done
 	install -d -m 0700 $(STATEDIR)
 
@@ -78,7 +78,7 @@ uninstall:
 	! $(SYSTEMD_RUNNING) || systemctl disable --now dqoesd.service || true
 	rm -f $(UNITDIR)/dqoesd.service
 	! $(SYSTEMD_RUNNING) || systemctl daemon-reload
-	for s in dqoesd dqoesctl; do \
+	for s in dqoesd dqoesctl dqoes-agent dqoes-manager; do \
 	    [ ! -L $(PREFIX)/bin/$$s ] || rm -f $(PREFIX)/bin/$$s; done
 	! cmp -s $(ROOT)/systemd/dqoesd.default $(DEFAULTS) || rm -f $(DEFAULTS)
 	rm -f $(DOCKER_PLUGINS)/dqoes.spec

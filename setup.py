@@ -20,7 +20,8 @@ setup(
         # wheel: the end-to-end tests run `make install` offline (no build isolation);
         # clang-format: the C style check
         "test": ["pytest>=7", "hypothesis>=6", "ruff", "wheel", "clang-format>=14"],
-        "bench": ["matplotlib>=3.6", "psutil>=5.9"],
+        # scipy: the cluster oracle's integer programs (bench/cluster/oracle.py, HiGHS)
+        "bench": ["matplotlib>=3.6", "psutil>=5.9", "scipy>=1.9"],
         # the lab (lab/): plots, and the multi-node testbed's network namespaces
         "lab": ["matplotlib>=3.6", "pyroute2>=0.7"],
     },
@@ -29,6 +30,8 @@ setup(
         "console_scripts": [
             "dqoesd=dqoes_cg.daemon:main",
             "dqoesctl=dqoes_cg.ctl:main",
+            "dqoes-manager=dqoes_cg.cluster.managerd:main",
+            "dqoes-agent=dqoes_cg.cluster.agent:main",
         ]
     },
 )

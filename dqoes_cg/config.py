@@ -14,6 +14,7 @@ RUN_DIR = Path("/run/dqoes")
 STATE_DIR = Path("/var/lib/dqoes")
 SOCKET_NAME = "dqoes.sock"
 DEFAULT_SOCKET = RUN_DIR / SOCKET_NAME
+MANAGER_SOCKET = RUN_DIR / "manager.sock"  # dqoes-manager's control socket
 
 
 @dataclass

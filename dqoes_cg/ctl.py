@@ -4,6 +4,7 @@
     dqoesctl unset-target CONTAINER
     dqoesctl list [--json]
     dqoesctl status [CONTAINER] [--json] [--watch [SECONDS]]
+    dqoesctl cluster status [--json] [--watch [SECONDS]]   (on a Swarm manager)
 
 CONTAINER is a Docker/Podman name or ID (prefix), a cgroup path, a PID or a systemd unit.
 TARGET is a duration with a unit: 250us, 40ms, 1.5s. Every error is one line on stderr and a
@@ -22,7 +23,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import __version__
-from .config import DEFAULT_SOCKET
+from .cluster.show import format_cluster
+from .cluster.view import ClusterView
+from .config import DEFAULT_SOCKET, MANAGER_SOCKET
 from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
 from .state import METRICS
@@ -96,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--watch", nargs="?", type=_interval, const=1.0, metavar="SECONDS",
                     help="refresh every SECONDS (default 1) until interrupted")
+    cl = sub.add_parser("cluster", help="the Swarm's view, from dqoes-manager")
+    cl.add_argument("what", choices=["status"])
+    cl.add_argument("--manager-socket", type=Path,
+                    default=Path(os.environ.get("DQOES_MANAGER_SOCKET", MANAGER_SOCKET)),
+                    help="dqoes-manager's control socket (default %(default)s, or "
+                         "$DQOES_MANAGER_SOCKET)")
+    cl.add_argument("--json", action="store_true")
+    cl.add_argument("--watch", nargs="?", type=_interval, const=1.0, metavar="SECONDS",
+                    help="refresh every SECONDS (default 1) until interrupted")
     return p
 
 
@@ -116,6 +128,10 @@ def _run(args: argparse.Namespace) -> str:
         targets = request(args.socket, "list")
         return json.dumps(targets, indent=1) if args.json else \
             format_list([Listing.from_json(t) for t in targets])
+    if args.command == "cluster":
+        view = request(args.manager_socket, "cluster-status")
+        return json.dumps(view, indent=1) if args.json else \
+            format_cluster(ClusterView.from_json(view))
     status = request(args.socket, "status", container=args.container)
     return json.dumps(status, indent=1) if args.json else \
         format_status(Status.from_json(status))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
-import os
 import signal
 import sys
 import threading
@@ -28,22 +27,13 @@ from .control import ControlServer, Peer
 from .controller import Controller
 from .engine import DOCKER_SOCKET, PODMAN_SOCKET
 from .engines import Docker
+from .logs import setup_logging
 from .metrics import MetricsServer, parse_listen
 from .policy import POLICIES, PolicyParams
 from .sdnotify import Notifier
 from .systemd_units import UnitLimiter
 
 log = logging.getLogger("dqoesd")
-
-_SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
-                    logging.CRITICAL: 2}
-
-
-class _JournalFormatter(logging.Formatter):
-    """'<N>message': journald reads the priority from the prefix and adds its own timestamp."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -54,15 +44,6 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or "default" in text or action.default is False:
             return text
         return super()._get_help_string(action)
-
-
-def _setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if os.environ.get("JOURNAL_STREAM"):
-        handler.setFormatter(_JournalFormatter("%(message)s"))
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         params = PolicyParams(args.alpha, args.beta, args.interval, args.max_interval)
     except ValueError as e:
         parser.error(str(e))
-    _setup_logging(args.verbose)
+    setup_logging(args.verbose)
     faulthandler.enable()  # a hung loop killed by the watchdog (SIGABRT) logs where it hung
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,

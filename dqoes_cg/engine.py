@@ -1,7 +1,8 @@
 """A client of a container engine's HTTP API over its unix socket: Docker's Engine API, or
 Podman's Docker-compatible one. Plain `http.client` on an AF_UNIX socket: the daemon needs
-five GET requests and the event stream, with bounded reads and timeouts of its own, which
-is less code than adapting a client library (and no dependency).
+five GET requests and the event stream, the cluster's manager a few more and a service
+update, with bounded reads and timeouts of their own, which is less code than adapting a
+client library (and no dependency).
 
 Replies are parsed into small typed records (`Container`); what a container's creator
 wrote (its name, its labels) is kept as strings, bounded, and judged elsewhere (labels.py).
@@ -120,12 +121,22 @@ class Engine:
     def get(self, path: str, query: dict[str, str] | None = None,
             missing_ok: tuple[int, ...] = ()) -> Any:
         """The JSON reply to GET `path`; None when its status is in `missing_ok`."""
+        return self.call("GET", path, query, missing_ok=missing_ok)
+
+    def call(self, method: str, path: str, query: dict[str, str] | None = None,
+             body: Any = None, missing_ok: tuple[int, ...] = ()) -> Any:
+        """The JSON reply to `method` `path` with `body` (JSON) if not None; None when its
+        status is in `missing_ok`."""
         target = API + path + ("?" + urllib.parse.urlencode(query) if query else "")
         conn = _UnixConnection(self.path, self.timeout)
         try:
-            conn.request("GET", target)
+            if body is None:
+                conn.request(method, target)
+            else:
+                conn.request(method, target, json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
             reply = conn.getresponse()
-            body = reply.read(MAX_REPLY + 1)
+            data = reply.read(MAX_REPLY + 1)
         except (OSError, http.client.HTTPException) as e:
             raise EngineError(f"{self}: {_why(e)}") from None
         finally:
@@ -133,14 +144,15 @@ class Engine:
         if reply.status in missing_ok:
             return None
         if reply.status != 200:
-            raise EngineError(f"{self}: GET {path} answered {reply.status}: "
-                              f"{_message(body)}")
-        if len(body) > MAX_REPLY:
-            raise EngineError(f"{self}: the reply to GET {path} exceeds {MAX_REPLY} bytes")
+            raise EngineError(f"{self}: {method} {path} answered {reply.status}: "
+                              f"{_message(data)}")
+        if len(data) > MAX_REPLY:
+            raise EngineError(f"{self}: the reply to {method} {path} exceeds {MAX_REPLY} "
+                              "bytes")
         try:
-            return json.loads(body)
+            return json.loads(data)
         except (ValueError, RecursionError):
-            raise EngineError(f"{self}: GET {path} answered no valid JSON") from None
+            raise EngineError(f"{self}: {method} {path} answered no valid JSON") from None
 
     def running(self) -> list[str]:
         """The IDs of the running containers."""

@@ -78,8 +78,8 @@ class Status:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Status:
-        return cls(_known(HostStatus, doc["host"]),
-                   [_known(ContainerStatus, {**c, "cls": c["class"]})
+        return cls(known_fields(HostStatus, doc["host"]),
+                   [known_fields(ContainerStatus, {**c, "cls": c["class"]})
                     for c in doc["containers"]])
 
 
@@ -102,7 +102,7 @@ class Listing:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Listing:
-        return _known(cls, doc)
+        return known_fields(cls, doc)
 
 
 @dataclass
@@ -192,7 +192,7 @@ def _container_json(c: ContainerStatus) -> dict[str, Any]:
 T = TypeVar("T")
 
 
-def _known(cls: type[T], doc: dict[str, Any]) -> T:
+def known_fields(cls: type[T], doc: dict[str, Any]) -> T:
     """An instance from the fields of `doc` that `cls` knows (a newer daemon may send
     more)."""
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]

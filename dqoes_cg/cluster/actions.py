@@ -1,0 +1,142 @@
+"""What a placement asks of the manager (view.Actions), checked against the tick's view and
+carried out through Swarm after the tick.
+
+Nodes are closed to new tasks with Swarm's availability `pause` (their tasks run on), marked
+with the node label `dqoes-cluster.paused` so that the manager opens again only the nodes
+it closed itself, never one an operator paused or drained.
+
+Every action sets the nodes a service is kept off: a `node.id!=ID` placement constraint
+each, which the manager alone adds and removes (it records them in the service label
+`dqoes-cluster.avoid`: swarmapi.set_avoid). Why constraints on the service, and not node
+labels: a constraint changed alone makes Swarm replace only the tasks on nodes that no
+longer satisfy it, with the service's own rolling update (start-first: the new task runs
+before the old one stops), so a move never leaves the service short of replicas and touches
+no other service; a node label in a constraint would be enforced by stopping every
+matching task on that node at once, of every service, and starting them again elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from ..engine import Engine, EngineError
+from . import swarmapi
+from .view import ClusterView, ServiceView
+
+log = logging.getLogger(__name__)
+
+QUIET_S = 60.0  # the same refusal is logged once a minute at most
+
+
+class SwarmActions:
+    """The actions of one tick (a view.Actions): the last one asked per service wins.
+    `quiet` (refusal: when last logged) outlives the tick."""
+
+    def __init__(self, view: ClusterView, now: float, quiet: dict[str, float]) -> None:
+        self.view = view
+        self.wanted: dict[str, tuple[frozenset[str], str]] = {}  # service: (avoid, why)
+        self.paused: dict[str, bool] = {}  # node: pause it (True) or make it active
+        self._now = now
+        self._quiet = quiet
+
+    def move_away(self, service_id: str, node_id: str) -> None:
+        service = self._service(service_id, "move")
+        if service is None:
+            return
+        why = ("a global service runs on every node" if service.mode != "replicated" else
+               "its update order is not start-first: a move would stop a task before its "
+               "replacement runs" if not service.start_first else
+               "Swarm is updating it" if service.updating else None)
+        if why is not None:
+            self._refuse(service, "move", why)
+            return
+        node = self.view.node(node_id)
+        self._want(service, self._avoided(service) | {node_id},
+                   f"moving its tasks off {node.name if node else node_id}")
+
+    def prefer(self, service_id: str, node_ids: Collection[str]) -> None:
+        service = self._service(service_id, "prefer")
+        if service is None:
+            return
+        running = {t.node_id for t in self.view.tasks if t.service_id == service_id}
+        avoid = {n.id for n in self.view.nodes
+                 if n.id not in node_ids and n.id not in running}
+        self._want(service, (self._avoided(service) - set(node_ids)) | avoid,
+                   "new tasks on " + ", ".join(sorted(self._names(node_ids))))
+
+    def release(self, service_id: str) -> None:
+        service = self._service(service_id, "release")
+        if service is not None:
+            self._want(service, frozenset(), "anywhere again")
+
+    def close_node(self, node_id: str) -> None:
+        node = self.view.node(node_id)
+        if node is None or node.availability != "active":
+            return
+        others = [n for n in self.view.nodes if n.id != node_id and n.swarm_state == "ready"
+                  and n.availability == "active" and not self.paused.get(n.id, False)]
+        if others:
+            self.paused[node_id] = True
+        else:
+            key = f"close {node_id}"
+            if self._now - self._quiet.get(key, -QUIET_S) >= QUIET_S:
+                self._quiet[key] = self._now
+                log.warning("placement: closing node %s to new tasks refused: no other "
+                            "active node would be left", node.name)
+
+    def open_node(self, node_id: str) -> None:
+        node = self.view.node(node_id)
+        if node is not None and node.paused_by_placement:
+            self.paused[node_id] = False
+
+    def carry_out(self, engine: Engine) -> None:
+        """The node and service updates asked for (each once; errors are logged)."""
+        for nid, paused in self.paused.items():
+            node = self.view.node(nid)
+            name = node.name if node else nid
+            try:
+                swarmapi.set_paused(engine, nid, paused)
+                log.info("placement: node %s %s", name,
+                         "closed to new tasks (full)" if paused else "open to new tasks again")
+            except EngineError as e:
+                log.warning("placement: node %s: %s failed: %s", name,
+                            "pause" if paused else "resume", e)
+        for sid, (avoid, why) in self.wanted.items():
+            service = self.view.service(sid)
+            if service is None or avoid == frozenset(service.avoid):
+                continue
+            try:
+                swarmapi.set_avoid(engine, sid, avoid)
+                log.info("placement: service %s: %s", service.name, why)
+            except EngineError as e:
+                log.warning("placement: service %s: %s failed: %s", service.name, why, e)
+
+    # ------------------------------------------------------------------------------------
+
+    def _service(self, service_id: str, what: str) -> ServiceView | None:
+        service = self.view.service(service_id)
+        if service is None:
+            log.warning("placement: %s: no service %s of dqoes-cg's", what, service_id)
+        return service
+
+    def _avoided(self, service: ServiceView) -> frozenset[str]:
+        wanted = self.wanted.get(service.id)
+        return wanted[0] if wanted else frozenset(service.avoid)
+
+    def _want(self, service: ServiceView, avoid: Collection[str], why: str) -> None:
+        usable = [n for n in self.view.nodes if n.swarm_state == "ready"
+                  and n.availability == "active" and n.id not in avoid]
+        if usable:
+            self.wanted[service.id] = (frozenset(avoid), why)
+        else:
+            self._refuse(service, why, "no ready node would be left to it")
+
+    def _names(self, node_ids: Collection[str]) -> list[str]:
+        return [n.name for n in self.view.nodes if n.id in node_ids]
+
+    def _refuse(self, service: ServiceView, what: str, why: str) -> None:
+        key = f"{service.id} {what} {why}"
+        if self._now - self._quiet.get(key, -QUIET_S) >= QUIET_S:
+            self._quiet[key] = self._now
+            log.warning("placement: service %s: %s refused: %s", service.name, what, why)

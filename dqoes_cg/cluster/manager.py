@@ -1,0 +1,257 @@
+"""The manager: the paper's QoE Analyst on Docker Swarm. It holds no state of its own: what
+it knows comes from Swarm (nodes, services and their labels, tasks: swarmapi.py), read
+again every tick, and from the reports of the nodes' agents (server.py), so a manager
+started again rebuilds the same view within a tick and a report interval.
+
+Every tick it reads Swarm, works out which service labels each node must have (the
+`dqoes.` labels of the services with a task on it, which the connection to that node sends
+when they change), builds the cluster view (view.py) and gives it to the placement policy,
+if one is chosen, whose actions it then carries out (actions.py).
+
+A node may report only about itself. Its identity is its certificate's (identity.py), and
+each container it reports on is checked against Swarm's own task list: a container of a
+task that Swarm placed on another node is refused at once; one that no task of Swarm's
+has is refused when Swarm still does not know it GRACE_S later (a task that has just
+started may be reported before Swarm's list shows its container). Refused claims are
+counted per node, logged, and named in the reply to the report; they change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine import Engine, EngineError
+from . import swarmapi
+from .actions import SwarmActions
+from .protocol import Ack, ContainerReport, Report
+from .qoe_placement import QoEPlacement
+from .swarmapi import Snapshot
+from .view import ClusterView, NodeView, Placement, ServiceView, TaskView
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 10.0
+NODE_TIMEOUT_S = 5.0  # without a report, a node is unreachable
+
+PLACEMENTS: dict[str, Callable[[], Placement]] = {"qoe": QoEPlacement}
+"""Placement policies by name (`dqoes-manager --placement NAME`); none by default."""
+
+
+@dataclass
+class NodeReports:
+    """What the manager has from one node's agent."""
+
+    connected: bool = False
+    report: Report | None = None
+    received: float | None = None  # monotonic
+    accepted: dict[str, ContainerReport] = field(default_factory=dict)  # by container ID
+    unverified: dict[str, float] = field(default_factory=dict)  # container ID: first seen
+    refused: int = 0
+    logged: set[str] = field(default_factory=set)  # refused containers already logged
+
+
+def judge(node_id: str, report: Report, owners: dict[str, str], unverified: dict[str, float],
+          now: float, grace: float = GRACE_S
+          ) -> tuple[dict[str, ContainerReport], list[tuple[str, str]], dict[str, float]]:
+    """Split a node's report by what Swarm says of each container (`owners`: container ID
+    -> the node its task is on): the node's own (accepted), the refused (with why), and
+    the not yet known (container ID -> since when) that may become known."""
+    accepted, refused, waiting = {}, [], {}
+    for c in report.containers:
+        owner = owners.get(c.id)
+        if owner == node_id:
+            accepted[c.id] = c
+        elif owner is not None:
+            refused.append((c.id, "not a container of this node's tasks"))
+        elif now - unverified.get(c.id, now) > grace:
+            refused.append((c.id, "no task of Swarm's runs this container"))
+        else:
+            waiting[c.id] = unverified.get(c.id, now)
+    return accepted, refused, waiting
+
+
+class Manager:
+    """The manager's state. `tick` runs in the main loop; `connected`, `receive`,
+    `disconnected` and `services_for` are called from the connections' threads."""
+
+    def __init__(self, engine: Engine, node_id: str, node_timeout: float = NODE_TIMEOUT_S,
+                 placement: Placement | None = None) -> None:
+        self.engine = engine
+        self.node_id = node_id
+        self.node_timeout = node_timeout
+        self.placement = placement
+        self._lock = threading.Lock()
+        self._snapshot = Snapshot()
+        self._owners: dict[str, str] = {}
+        self._swarm_error: str | None = "not read yet"
+        self._nodes: dict[str, NodeReports] = {}
+        self._pushes: dict[str, dict[str, dict[str, str]]] = {}  # node ID: its services
+        self._view: ClusterView | None = None
+        self._quiet: dict[str, float] = {}  # placement refusals logged, and when
+
+    # --- the main loop -------------------------------------------------------------------
+
+    def tick(self, now: float) -> ClusterView:
+        """Read Swarm, work out each node's labels, build the view, run placement."""
+        try:
+            snapshot, error = swarmapi.read(self.engine), None
+        except EngineError as e:
+            snapshot, error = None, str(e)
+        with self._lock:
+            if error != self._swarm_error:
+                if error:
+                    log.warning("Swarm's API: %s; keeping the last view of it", error)
+                elif self._swarm_error != "not read yet":
+                    log.info("Swarm's API answers again")
+            self._swarm_error = error
+            if snapshot is not None:
+                self._snapshot = snapshot
+                self._owners = snapshot.container_node()
+                self._pushes = _pushes(snapshot)
+            view = self._build(now)
+            self._view = view
+        if self.placement is not None and snapshot is not None:
+            actions = SwarmActions(view, now, self._quiet)
+            try:
+                self.placement.tick(view, now, actions)
+            except Exception:  # a placement's bug must not take the manager down
+                log.exception("placement failed")
+            actions.carry_out(self.engine)
+        return view
+
+    def view(self) -> ClusterView | None:
+        """The view of the last tick."""
+        with self._lock:
+            return self._view
+
+    # --- the nodes' connections ----------------------------------------------------------
+
+    def is_node(self, node_id: str) -> bool:
+        """Whether Swarm has this node (a removed node's certificate stays valid until it
+        expires: Swarm's list is what says it is still one)."""
+        with self._lock:
+            return node_id in self._snapshot.nodes
+
+    def connected(self, node_id: str) -> None:
+        with self._lock:
+            self._nodes.setdefault(node_id, NodeReports()).connected = True
+
+    def disconnected(self, node_id: str) -> None:
+        with self._lock:
+            reports = self._nodes.get(node_id)
+            if reports is not None:
+                reports.connected = False
+
+    def services_for(self, node_id: str) -> dict[str, dict[str, str]]:
+        """The dqoes. labels of the services with a task on that node."""
+        with self._lock:
+            return self._pushes.get(node_id, {})
+
+    def receive(self, node_id: str, report: Report, now: float) -> Ack:
+        """Judge a report of that node (its certificate's ID) and keep what is its own."""
+        with self._lock:
+            reports = self._nodes.setdefault(node_id, NodeReports(connected=True))
+            accepted, refused, waiting = judge(node_id, report, self._owners,
+                                               reports.unverified, now)
+            reports.report, reports.received = report, now
+            reports.accepted, reports.unverified = accepted, waiting
+            reports.refused += len(refused)
+            name = self._name(node_id)
+            for cid, why in refused:
+                if cid not in reports.logged:
+                    log.warning("node %s reported on container %s: refused, %s", name,
+                                cid[:12], why)
+                    reports.logged.add(cid)
+            reports.logged &= {cid for cid, _ in refused}
+        return Ack(report.seq, tuple(refused))
+
+    def _name(self, node_id: str) -> str:
+        node = self._snapshot.nodes.get(node_id)
+        return node.hostname if node else node_id
+
+    # --- the view ----------------------------------------------------------------------
+
+    def _build(self, now: float) -> ClusterView:
+        """(Under the lock.) The cluster view from Swarm's snapshot and the reports."""
+        snap = self._snapshot
+        reachable = {nid: self._reachability(nid, now) for nid in snap.nodes}
+        services = {sid: s for sid, s in snap.services.items() if s.concerns_us}
+        tasks = sorted((self._task_view(t, reachable) for t in snap.tasks
+                        if t.service_id in services and t.desired_state == "running"),
+                       key=lambda t: (t.service, t.slot or 0, t.node))
+        nodes = [self._node_view(n, reachable[n.id], tasks, now)
+                 for n in sorted(snap.nodes.values(), key=lambda n: n.hostname)]
+        service_views = [ServiceView(
+            s.id, s.name, s.mode, s.replicas,
+            sum(1 for t in tasks if t.service_id == s.id and t.state == "running"),
+            s.objective.target_s if s.objective else None,
+            s.objective.metric if s.objective else None, s.error, s.updating, s.start_first,
+            s.avoid) for s in sorted(services.values(), key=lambda s: s.name)]
+        return ClusterView(time.time(), self.node_id, self._swarm_error, nodes,
+                           service_views, tasks)
+
+    def _reachability(self, node_id: str, now: float) -> str | None:
+        """None if the node is reachable, else why not."""
+        node = self._snapshot.nodes[node_id]
+        reports = self._nodes.get(node_id)
+        if node.state != "ready":
+            return f"Swarm has it {node.state}"
+        if reports is None or reports.report is None or reports.received is None:
+            return "no report from its agent"
+        age = now - reports.received
+        if age > self.node_timeout:
+            return f"no report for {age:.0f}s"
+        if not reports.report.engine:
+            return "its dockerd does not answer"
+        if not reports.report.controller:
+            return "its dqoesd does not answer"
+        return None
+
+    def _task_view(self, t: swarmapi.SwarmTask, reachable: dict[str, str | None]
+                   ) -> TaskView:
+        snap = self._snapshot
+        node = snap.nodes.get(t.node_id)
+        why = reachable.get(t.node_id, "not placed on a node yet")
+        reports = self._nodes.get(t.node_id)
+        c = reports.accepted.get(t.container_id) if reports and why is None else None
+        if c is None and why is None:
+            why = "no container yet" if not t.container_id else "not reported by its node"
+        return TaskView(
+            t.id, t.service_id, snap.services[t.service_id].name, t.slot, t.node_id,
+            node.hostname if node else "", t.container_id, t.state,
+            c.cls if c else "unknown", c.target_s if c else None, c.metric if c else None,
+            c.measured_s if c else None, c.cpu_limit_cores if c else None,
+            c.cpu_usage_cores if c else None, c.samples if c else None,
+            None if c else why)
+
+    def _node_view(self, n: swarmapi.SwarmNode, why: str | None, tasks: list[TaskView],
+                   now: float) -> NodeView:
+        reports = self._nodes.get(n.id) or NodeReports()
+        report = reports.report
+        budget = report.budget_cpus if report else None
+        used = report.used_cpus if report and why is None else None
+        counts = {k: 0 for k in ("G", "S", "B", "idle", "pending")}
+        if why is None:
+            for t in tasks:
+                if t.node_id == n.id and t.cls in counts:
+                    counts[t.cls] += 1
+        return NodeView(
+            n.id, n.hostname, n.role, n.state, n.availability, why is None, why, budget, used,
+            None if budget is None or used is None else max(0.0, budget - used), **counts,
+            refused=reports.refused,
+            report_age_s=None if reports.received is None else now - reports.received,
+            paused_by_placement=n.paused_by_us)
+
+
+def _pushes(snapshot: Snapshot) -> dict[str, dict[str, dict[str, str]]]:
+    """Node ID -> the dqoes. labels of each service of ours with a task meant to run there."""
+    pushes: dict[str, dict[str, dict[str, str]]] = {}
+    for t in snapshot.tasks:
+        service = snapshot.services.get(t.service_id)
+        if t.node_id and t.desired_state == "running" and service and service.concerns_us:
+            pushes.setdefault(t.node_id, {})[service.id] = service.labels
+    return pushes

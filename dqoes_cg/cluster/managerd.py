@@ -1,0 +1,156 @@
+"""dqoes-manager: the cluster's manager, on a Docker Swarm manager node.
+
+It follows Swarm through its node's engine (a manager's), serves the nodes' agents on the
+node's Swarm address (mutual TLS with the node's Swarm identity: identity.py, server.py),
+and every --tick builds the cluster view and gives it to the placement policy if one is
+chosen (manager.py). `dqoesctl cluster status` reads the view on the local control socket
+(--socket). Several managers may each run one: every agent reports to all of them, and
+each has the whole view. SIGTERM/SIGINT stop it; it keeps nothing on disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..config import MANAGER_SOCKET
+from ..control import ControlServer, Peer, RequestError
+from ..engine import DOCKER_SOCKET, Engine, EngineError
+from ..logs import setup_logging
+from ..sdnotify import Notifier
+from .identity import Credentials, IdentityError
+from .manager import NODE_TIMEOUT_S, PLACEMENTS, Manager
+from .protocol import CLUSTER_PORT
+from .server import Server
+
+log = logging.getLogger("dqoes-manager")
+
+TICK_S = 1.0
+OPERATIONS = {"cluster-status": False}  # name: whether it writes
+
+
+def swarm_of(engine: Engine) -> tuple[str, str, str, Path]:
+    """(node ID, Swarm ID, the node's Swarm address, dockerd's data root) of a manager's
+    engine; ValueError if it is no Swarm manager."""
+    info = engine.get("/info")
+    swarm = info.get("Swarm") if isinstance(info, dict) else None
+    if not isinstance(swarm, dict) or swarm.get("LocalNodeState") != "active":
+        raise ValueError(f"{engine} is in no Swarm")
+    if swarm.get("ControlAvailable") is not True:
+        raise ValueError(f"{engine} is no Swarm manager: run dqoes-manager on a manager node")
+    try:
+        return (str(swarm["NodeID"]), str(swarm["Cluster"]["ID"]), str(swarm["NodeAddr"]),
+                Path(info["DockerRootDir"]))
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{engine} gives no {e} in its Swarm information") from None
+
+
+def handler(manager: Manager) -> Callable[[str, dict[str, Any], Peer], Any]:
+    """The control socket's requests (OPERATIONS): the last view, as JSON."""
+
+    def handle(op: str, req: dict[str, Any], peer: Peer) -> Any:
+        view = manager.view()
+        if view is None:
+            raise RequestError("the manager has no view yet")
+        return view.to_json()
+
+    return handle
+
+
+def parse_listen(text: str, default_host: str) -> tuple[str, int]:
+    """'2378' -> (default_host, 2378); 'ADDR:PORT'; '[ADDR6]:PORT'."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]") if sep else default_host
+    if not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise ValueError(f"bad address {text!r}: use PORT, ADDR:PORT or [ADDR6]:PORT")
+    return host, int(port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dqoes-manager", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"dqoes-manager {__version__}")
+    p.add_argument("--engine-socket", type=Path, default=DOCKER_SOCKET,
+                   help="the manager node's Docker engine (default %(default)s)")
+    p.add_argument("--listen", default=str(CLUSTER_PORT), metavar="[ADDR:]PORT",
+                   help="where the agents connect (default: the node's Swarm address, port "
+                        "%(default)s)")
+    p.add_argument("--certs", type=Path, default=None,
+                   help="the node's Swarm certificates (default: DATA_ROOT/swarm/"
+                        "certificates of its engine)")
+    p.add_argument("--socket", type=Path, default=MANAGER_SOCKET,
+                   help="control socket for dqoesctl cluster (default %(default)s)")
+    p.add_argument("--group", default=None, help="members of this group may read the view")
+    p.add_argument("--public-status", action="store_true",
+                   help="let any local user read the view")
+    p.add_argument("--tick", type=float, default=TICK_S,
+                   help="seconds between reads of Swarm and views (default %(default)s)")
+    p.add_argument("--node-timeout", type=float, default=NODE_TIMEOUT_S,
+                   help="seconds without a report before a node is unreachable "
+                        "(default %(default)s)")
+    p.add_argument("--placement", choices=sorted(PLACEMENTS), default=None,
+                   help="the placement policy (default: none, Swarm places alone)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    engine = Engine(args.engine_socket)
+    try:
+        node_id, swarm_id, address, data_root = swarm_of(engine)
+        listen = parse_listen(args.listen, address)
+        credentials = Credentials(args.certs) if args.certs else \
+            Credentials.of_data_root(data_root)
+        manager = Manager(engine, node_id, args.node_timeout,
+                          PLACEMENTS[args.placement]() if args.placement else None)
+        manager.tick(time.monotonic())
+        server = Server(manager, credentials, swarm_id, listen)
+    except (EngineError, ValueError, IdentityError, OSError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+
+    try:
+        control = ControlServer(args.socket, handler(manager), OPERATIONS, group=args.group,
+                                public_read=args.public_status)
+    except (OSError, KeyError) as e:
+        log.error("cannot start: %s", e)
+        server.close()
+        return 1
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    server.start()
+    notifier = Notifier()
+    notifier.ready(f"node {node_id}, listening on {listen[0]}:{listen[1]}")
+    log.info("dqoes-manager %s ready: node %s of Swarm %s, agents on %s:%d, socket %s",
+             __version__, node_id, swarm_id, *server.address, args.socket)
+    next_tick = time.monotonic() + args.tick
+    try:
+        while not stopping.is_set():
+            now = time.monotonic()
+            if now >= next_tick:
+                view = manager.tick(now)
+                notifier.alive(f"{len(view.nodes)} nodes, {len(view.tasks)} tasks, "
+                               f"|S| {view.satisfied()}")
+                next_tick = max(next_tick + args.tick, now)
+            control.poll(next_tick - time.monotonic())
+    finally:
+        notifier.stopping()
+        control.close()
+        server.close()
+        log.info("dqoes-manager stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

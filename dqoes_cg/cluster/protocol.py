@@ -1,0 +1,273 @@
+"""The messages between a node's agent and the manager, and their framing: one JSON object
+per line, at most MAX_LINE bytes, on the mutual-TLS channel (identity.py).
+
+    agent -> manager   {"v": 1, "type": "report", "seq": N, "budget_cpus": 0.5,
+                        "used_cpus": 0.31, "engine": true, "controller": true,
+                        "error": null, "containers": [ContainerReport, ...]}
+    manager -> agent   {"v": 1, "type": "ack", "seq": N, "refused": [{"id", "reason"}]}
+                       {"v": 1, "type": "services", "services": {SERVICE_ID: {labels}}}
+
+A report is what the node's dqoesd measures of the containers of Swarm tasks it runs, by
+container ID, every report interval; `engine` and `controller` say whether its dockerd and
+its dqoesd answer (`error`: why not). The manager acknowledges each report, naming the
+containers it refused (see manager.py). `services` is the whole set of `dqoes.` service
+labels for the tasks Swarm gives that node, sent when it changes (and at the start): the
+agent gives them to its dqoesd (api.py, service-labels), which applies them to the tasks'
+containers. Both ends treat what they receive as hostile: anything malformed is a
+`ProtocolError` and ends the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import ssl
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..labels import MAX_VALUE, PREFIX
+from ..state import METRICS
+
+VERSION = 1
+CLUSTER_PORT = 2378  # dqoes-manager's, on each Swarm manager (Swarm's own is 2377)
+MAX_LINE = 1 << 20
+MAX_CONTAINERS = 4096  # in one report
+MAX_SERVICES = 4096  # in one services message
+MAX_LABELS = 16  # dqoes. labels of one service
+MAX_CPUS = 1 << 16
+MAX_ERROR = 200
+MAX_SAMPLES = 1 << 40
+REPORT_CLASSES = ("G", "S", "B", "idle", "pending")
+CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
+SWARM_ID = re.compile(r"^[a-z0-9]{25}$")  # Swarm's object IDs (services, nodes, tasks)
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol; a one-line message."""
+
+
+@dataclass(frozen=True)
+class ContainerReport:
+    """What a node's dqoesd measures of one container, as its status shows it."""
+
+    id: str  # the container's full ID
+    cls: str  # G, S, B, idle, pending (JSON: "class")
+    target_s: float
+    metric: str
+    measured_s: float | None
+    cpu_limit_cores: float | None  # None: no limit
+    cpu_usage_cores: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class Report:
+    seq: int
+    budget_cpus: float | None  # dqoesd's T_R; None when dqoesd does not answer
+    used_cpus: float  # by every container dqoesd manages, over its last tick
+    engine: bool  # the node's dockerd answers
+    controller: bool  # the node's dqoesd answers
+    error: str | None  # why one of them does not
+    containers: tuple[ContainerReport, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["containers"] = [{"id": c["id"], "class": c.pop("cls"), **c}
+                             for c in doc["containers"]]
+        return {"v": VERSION, "type": "report", **doc}
+
+
+@dataclass(frozen=True)
+class Ack:
+    seq: int
+    refused: tuple[tuple[str, str], ...]  # (container ID, why)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "type": "ack", "seq": self.seq,
+                "refused": [{"id": cid, "reason": why} for cid, why in self.refused]}
+
+
+@dataclass(frozen=True)
+class Services:
+    services: dict[str, dict[str, str]]  # service ID: its dqoes. labels
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "type": "services", "services": self.services}
+
+
+Message = Report | Ack | Services
+
+
+def parse(line: bytes) -> Message:
+    """The message on one line; ProtocolError if it is not a well-formed one."""
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ProtocolError("a message that is not JSON") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("a message that is not an object")
+    if doc.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {doc.get('v')!r:.20} (this end speaks "
+                            f"{VERSION})")
+    kind = doc.get("type")
+    try:
+        if kind == "report":
+            return _report(doc)
+        if kind == "ack":
+            return _ack(doc)
+        if kind == "services":
+            return _services(doc)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"a malformed {kind} message: {e}") from None
+    raise ProtocolError(f"unknown message type {kind!r:.40}")
+
+
+def _report(doc: dict[str, Any]) -> Report:
+    containers = _list(doc["containers"], MAX_CONTAINERS, "containers")
+    budget = doc["budget_cpus"]
+    return Report(_count(doc["seq"], "seq"),
+                  None if budget is None else _cpus(budget, "budget_cpus", positive=True),
+                  _cpus(doc["used_cpus"], "used_cpus"), _bool(doc["engine"], "engine"),
+                  _bool(doc["controller"], "controller"), _error(doc.get("error")),
+                  tuple(_container(c) for c in containers))
+
+
+def _container(doc: Any) -> ContainerReport:
+    if not isinstance(doc, dict):
+        raise ValueError("a container that is not an object")
+    cid = doc["id"]
+    if not isinstance(cid, str) or not CONTAINER_ID.match(cid):
+        raise ValueError("a container ID that is not 64 hexadecimal digits")
+    cls, metric = doc["class"], doc["metric"]
+    if cls not in REPORT_CLASSES:
+        raise ValueError(f"unknown class {cls!r:.20}")
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r:.20}")
+    measured, limit = doc["measured_s"], doc["cpu_limit_cores"]
+    return ContainerReport(
+        cid, cls, _seconds(doc["target_s"], "target_s"), metric,
+        None if measured is None else _seconds(measured, "measured_s"),
+        None if limit is None else _cpus(limit, "cpu_limit_cores", positive=True),
+        _cpus(doc["cpu_usage_cores"], "cpu_usage_cores"), _count(doc["samples"], "samples"))
+
+
+def _ack(doc: dict[str, Any]) -> Ack:
+    refused = []
+    for entry in _list(doc["refused"], MAX_CONTAINERS, "refused"):
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) \
+                or not isinstance(entry.get("reason"), str):
+            raise ValueError("a refusal without id and reason")
+        refused.append((entry["id"][:64], entry["reason"][:MAX_ERROR]))
+    return Ack(_count(doc["seq"], "seq"), tuple(refused))
+
+
+def _services(doc: dict[str, Any]) -> Services:
+    services = doc["services"]
+    if not isinstance(services, dict) or len(services) > MAX_SERVICES:
+        raise ValueError(f"services must be an object of at most {MAX_SERVICES}")
+    checked = {}
+    for sid, labels in services.items():
+        if not SWARM_ID.match(sid):
+            raise ValueError(f"a service ID {sid!r:.40} that is not Swarm's")
+        if not isinstance(labels, dict) or len(labels) > MAX_LABELS or not all(
+                isinstance(k, str) and k.startswith(PREFIX) and len(k) <= MAX_VALUE
+                and isinstance(v, str) and len(v) <= MAX_VALUE for k, v in labels.items()):
+            raise ValueError(f"the labels of service {sid} are not {PREFIX} labels")
+        checked[sid] = labels
+    return Services(checked)
+
+
+def _list(value: Any, limit: int, what: str) -> list[Any]:
+    if not isinstance(value, list) or len(value) > limit:
+        raise ValueError(f"{what} must be a list of at most {limit}")
+    return value
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be true or false")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SAMPLES:
+        raise ValueError(f"{what} must be a count")
+    return value
+
+
+def _number(value: Any, what: str, high: float, positive: bool) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value) or value < 0 or (positive and value == 0) \
+            or value > high:
+        raise ValueError(f"{what} must be a number from 0 to {high:g}")
+    return float(value)
+
+
+def _seconds(value: Any, what: str) -> float:
+    return _number(value, what, 1e6, positive=False)
+
+
+def _cpus(value: Any, what: str, positive: bool = False) -> float:
+    return _number(value, what, MAX_CPUS, positive)
+
+
+def _error(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError("error must be a string or null")
+    return value[:MAX_ERROR]
+
+
+class Channel:
+    """One end of a connection, after its TLS handshake: messages out, messages in."""
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self.sock = sock
+        self._buffer = bytearray()
+
+    def send(self, message: Message, timeout: float) -> None:
+        """OSError (TimeoutError) if it cannot go out within `timeout` seconds."""
+        self.sock.settimeout(timeout)
+        self.sock.sendall(json.dumps(message.to_json(), separators=(",", ":")).encode()
+                          + b"\n")
+
+    def receive(self, timeout: float) -> Message | None:
+        """The next message, or None if none came within `timeout` seconds. ProtocolError
+        for a malformed one, ConnectionError when the peer closed the connection."""
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_LINE:
+                raise ProtocolError(f"a message longer than {MAX_LINE} bytes")
+            self.sock.settimeout(timeout)
+            try:
+                chunk = self.sock.recv(65536)
+            except (TimeoutError, ssl.SSLWantReadError):
+                return None
+            if not chunk:
+                raise ConnectionError("the peer closed the connection")
+            self._buffer += chunk
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        self._buffer = bytearray(rest)
+        if len(line) > MAX_LINE:
+            raise ProtocolError(f"a message longer than {MAX_LINE} bytes")
+        return parse(line)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def reason(e: Exception) -> str:
+    """A one-line reason for a failure of the channel or of its TLS."""
+    if isinstance(e, ssl.SSLError):
+        return e.reason or str(e)
+    if isinstance(e, TimeoutError):
+        return str(e) or "timed out"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__

@@ -1,0 +1,52 @@
+"""The cluster view as `dqoesctl cluster status` prints it: nodes, services, tasks."""
+
+from __future__ import annotations
+
+from ..duration import format_duration
+from ..table import format_table
+from .view import ClusterView
+
+
+def _cpus(value: float | None, none: str = "-") -> str:
+    return none if value is None else f"{value:.2f}"
+
+
+def format_cluster(view: ClusterView) -> str:
+    nodes = [("NODE", "ROLE", "STATE", "BUDGET", "USED", "SPARE", "G", "S", "B", "IDLE",
+              "PENDING", "REFUSED", "WHY")]
+    for n in view.nodes:
+        state = "up" if n.reachable else "unreachable"
+        if n.availability != "active":  # Swarm schedules no new task there
+            state += f" ({n.availability}{', placement' if n.paused_by_placement else ''})"
+        nodes.append((n.name, n.role, state,
+                      _cpus(n.budget_cpus), _cpus(n.used_cpus), _cpus(n.spare_cpus),
+                      str(n.G), str(n.S), str(n.B), str(n.idle), str(n.pending),
+                      str(n.refused), n.reason or ""))
+    services = [("SERVICE", "MODE", "REPLICAS", "RUNNING", "TARGET", "METRIC", "S", "NOTE")]
+    for s in view.services:
+        satisfied = sum(1 for t in view.tasks if t.service_id == s.id and t.cls == "S")
+        note = (f"labels refused: {s.error}" if s.error else
+                "updating" if s.updating else "")
+        if s.avoid:
+            note = (note + "; " if note else "") + "kept off " + ", ".join(
+                n.name for n in view.nodes if n.id in s.avoid)
+        services.append((s.name, s.mode, "-" if s.replicas is None else str(s.replicas),
+                         str(s.running), format_duration(s.target_s), s.metric or "-",
+                         str(satisfied), note))
+    tasks = [("TASK", "NODE", "STATE", "CLASS", "TARGET", "MEASURED", "LIMIT", "USAGE",
+              "SAMPLES", "WHY")]
+    for t in view.tasks:
+        name = f"{t.service}.{t.slot}" if t.slot is not None else f"{t.service}.{t.node}"
+        tasks.append((name, t.node or "-", t.state, t.cls, format_duration(t.target_s),
+                      format_duration(t.measured_s),
+                      "-" if t.cls == "unknown" else _cpus(t.cpu_limit_cores, "max"),
+                      _cpus(t.cpu_usage_cores),
+                      "-" if t.samples is None else str(t.samples), t.reason or ""))
+    up = sum(1 for n in view.nodes if n.reachable)
+    lines = [format_table(nodes), "", format_table(services), "", format_table(tasks), "",
+             f"|S| {view.satisfied()} of {len(view.tasks)} tasks | nodes {up} of "
+             f"{len(view.nodes)} up"]
+    if view.swarm_error:
+        lines.append(f"! Swarm's API does not answer ({view.swarm_error}): the last view "
+                     "of Swarm is shown")
+    return "\n".join(lines)

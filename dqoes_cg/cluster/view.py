@@ -1,0 +1,179 @@
+"""The cluster view: what the manager knows of the Swarm and its QoE, built once per manager
+tick in one place (manager.py), shown by `dqoesctl cluster status` (as JSON with `--json`),
+and given to placement. Placement is the seam between the manager and a placement policy:
+
+    class MyPlacement:                              # a Placement
+        def tick(self, view: ClusterView, now: float, actions: Actions) -> None:
+            for task in view.tasks:
+                node = view.node(task.node_id)
+                if task.cls == "B" and node.spare_cpus == 0 and not view.service(
+                        task.service_id).updating:
+                    actions.move_away(task.service_id, task.node_id)
+
+Every manager tick (1 s by default), after the manager has read Swarm's nodes, services
+and tasks and judged the nodes' reports, it builds a `ClusterView` and calls the placement
+chosen with `dqoes-manager --placement NAME` (`PLACEMENTS` in manager.py) with it, the
+manager's monotonic clock, and `Actions`. A placement is pure logic: it reads the view, keeps
+whatever memory it needs (hysteresis, moves per minute) and calls the actions; the manager
+carries them out through Swarm's API after the tick, one service update per service at most.
+
+The view (frozen dataclasses; lists sorted by name, node, slot):
+- `nodes`: every Swarm node: its Swarm state, whether dqoes-cg reaches it (`reachable`: its
+  agent reports in time, its engine and dqoesd answer, and Swarm has it ready; else `reason`
+  says why), its CPU budget (dqoesd's T_R), the CPU its managed containers used over the
+  last tick (`used_cpus`) and what is left (`spare_cpus`), and its tasks' classes (G, S, B,
+  idle, pending: counted only while it is reachable).
+- `services`: every service whose labels concern dqoes-cg (a `dqoes.` label of its own or of
+  its tasks' containers): its target (or `error`: why its labels are refused), replicas,
+  whether Swarm is rolling an update through it (`updating`: a move in progress), whether its
+  update order is start-first (the only services the manager moves), and the nodes it is
+  kept off (`avoid`).
+- `tasks`: the running tasks of those services (desired state running), each with the
+  measurements its node reported about its container (class, target, measured, limit,
+  usage). `cls` is "unknown" (with `reason`) when no accepted report covers it: its node is
+  unreachable, or has not reported it yet. Only a task in S on a reachable node counts as
+  satisfied.
+
+Actions (what a placement may ask; each is a Swarm service or node update, see actions.py):
+- `move_away(service_id, node_id)`: the service's tasks on that node move to other nodes,
+  and new ones stay off it until `release`. Swarm's rolling update replaces each such task
+  with its update order, start-first: the new task runs before the old one stops, so the
+  service never runs fewer replicas than it asks for. Refused (logged, nothing done) for a
+  global service, a service whose update order is not start-first, one already updating,
+  or when no other ready node would be left to it.
+- `prefer(service_id, node_ids)`: new tasks of the service (a scale-up, a replacement) land
+  on these nodes; the tasks it runs elsewhere stay where they are.
+- `release(service_id)`: the service may go anywhere again; no task moves.
+- `close_node(node_id)`: Swarm schedules no new task on the node (availability pause,
+  marked as the manager's); its tasks run on. Refused for a node that is not active, or
+  when no other active ready node would be left.
+- `open_node(node_id)`: a node the manager paused is active again (a node an operator
+  paused or drained is left alone).
+
+Fields are only ever added; `from_json` ignores the fields it does not know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from ..status import known_fields
+
+TASK_CLASSES = ("G", "S", "B", "idle", "pending", "unknown")
+"""A task's class: the policy's on its node (G, S, B, idle: no request in the last window,
+pending: no cgroup yet), or unknown (no accepted report about it)."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: str  # Swarm's node ID: the CN of its certificate
+    name: str  # its hostname
+    role: str  # manager, worker
+    swarm_state: str  # Swarm's: ready, down, unknown, disconnected
+    availability: str  # active, pause, drain
+    reachable: bool
+    reason: str | None  # why it is not reachable
+    budget_cpus: float | None  # dqoesd's T_R; None until it reported
+    used_cpus: float | None  # by the containers its dqoesd manages, over the last tick
+    spare_cpus: float | None  # budget - used, at least 0
+    G: int = 0
+    S: int = 0
+    B: int = 0
+    idle: int = 0
+    pending: int = 0
+    refused: int = 0  # claims about containers it does not run, refused since the start
+    report_age_s: float | None = None  # since its agent's last report
+    paused_by_placement: bool = False  # availability pause is the manager's (close_node)
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    id: str
+    name: str
+    mode: str  # replicated, global
+    replicas: int | None  # asked for (None: global)
+    running: int  # tasks running now
+    target_s: float | None  # from its labels (None: none, or refused)
+    metric: str | None
+    error: str | None  # why its dqoes. labels are refused
+    updating: bool  # Swarm is rolling an update through its tasks
+    start_first: bool  # its update order: a new task runs before the old one stops
+    avoid: tuple[str, ...] = ()  # node IDs the manager keeps its tasks off
+
+
+@dataclass(frozen=True)
+class TaskView:
+    id: str  # Swarm's task ID
+    service_id: str
+    service: str
+    slot: int | None  # None for a global service's task
+    node_id: str
+    node: str
+    container_id: str  # "" until the task has a container
+    state: str  # Swarm's observed state: assigned, starting, running, ...
+    cls: str  # one of TASK_CLASSES (JSON: "class")
+    target_s: float | None  # what its node's dqoesd pursues (None: unknown)
+    metric: str | None
+    measured_s: float | None
+    cpu_limit_cores: float | None  # None: no limit, or unknown
+    cpu_usage_cores: float | None
+    samples: int | None
+    reason: str | None = None  # why it is unknown
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    time_unix: float
+    manager: str  # the node ID of the manager that built it
+    swarm_error: str | None  # Swarm's API did not answer: the view is the last one known
+    nodes: list[NodeView]
+    services: list[ServiceView]
+    tasks: list[TaskView]
+
+    def node(self, node_id: str) -> NodeView | None:
+        return next((n for n in self.nodes if n.id == node_id), None)
+
+    def service(self, service_id: str) -> ServiceView | None:
+        return next((s for s in self.services if s.id == service_id), None)
+
+    def tasks_on(self, node_id: str) -> list[TaskView]:
+        return [t for t in self.tasks if t.node_id == node_id]
+
+    def satisfied(self) -> int:
+        """|S|: the tasks in S on reachable nodes."""
+        return sum(n.S for n in self.nodes if n.reachable)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["tasks"] = [{"id": t["id"], "class": t.pop("cls"), **t} for t in doc["tasks"]]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ClusterView:
+        return cls(doc["time_unix"], doc["manager"], doc.get("swarm_error"),
+                   [known_fields(NodeView, n) for n in doc["nodes"]],
+                   [known_fields(ServiceView, {**s, "avoid": tuple(s.get("avoid", ()))})
+                    for s in doc["services"]],
+                   [known_fields(TaskView, {**t, "cls": t["class"]}) for t in doc["tasks"]])
+
+
+class Actions(Protocol):
+    """What a placement may ask of the manager (carried out after the tick)."""
+
+    def move_away(self, service_id: str, node_id: str) -> None: ...
+
+    def prefer(self, service_id: str, node_ids: Collection[str]) -> None: ...
+
+    def release(self, service_id: str) -> None: ...
+
+    def close_node(self, node_id: str) -> None: ...
+
+    def open_node(self, node_id: str) -> None: ...
+
+
+class Placement(Protocol):
+    """A placement policy (see the module's doc)."""
+
+    def tick(self, view: ClusterView, now: float, actions: Actions) -> None: ...
