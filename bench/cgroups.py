@@ -11,7 +11,6 @@ sampling or limiting them (cgroup_floor.c: bare system calls from C).
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.timing import FAKE, Stats, kernel_place, summarize
+from dqoes_cg.cgtable import raise_fd_limit
 from lab.cgroups import remove_cgroup_tree
 from lab.fakecg import make_cgroup
 
@@ -31,7 +31,6 @@ FDS_PER_CGROUP = 2
 FDS_PER_CONTAINER = 3
 """What the tick holds per container: one more, its ring (a probe holds none). The limit
 is raised for that many, where it may be."""
-FD_MARGIN = 64
 
 # Forks the idle processes (a bare interpreter forks fast, even on an emulated CPU), prints
 # their pids, and on SIGTERM kills and reaps them before it exits.
@@ -64,33 +63,13 @@ def tmpfs_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
-def raise_fd_limit(needed: int) -> int:
-    """Makes room for `needed` more descriptors as far as allowed, raising the hard limit
-    too where we may (a guest's init leaves it at 4096, too few for 10,000 cgroups).
-    Returns how many more may be opened."""
-    in_use = len(os.listdir("/proc/self/fd")) + FD_MARGIN
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = in_use + needed
-    if hard != resource.RLIM_INFINITY and want > hard:
-        ceiling = min(want, int(Path("/proc/sys/fs/nr_open").read_text()))
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, ceiling))
-        except (ValueError, OSError):  # not privileged: stay within the hard limit
-            pass
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and want > soft:
-        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    return soft - in_use
-
-
 class Cgroups:
     """n cgroups `dirs` under `mount` (or a fake tree), removed by `close`, an idle process
     in each of the first `processes`; `fd_room`: how many descriptors this process may
     still open."""
 
     def __init__(self, n: int, mount: Path | None, processes: int = IDLE_PROCESSES) -> None:
-        self.fd_room = raise_fd_limit(FDS_PER_CGROUP * n)
+        self.fd_room = raise_fd_limit(FDS_PER_CGROUP * n, hard=True)
         self.fake = mount is None
         self.where = FAKE if self.fake else kernel_place()
         self._holder: subprocess.Popen[str] | None = None

@@ -49,10 +49,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.cgroups import Cgroups, raise_fd_limit, tmpfs_dir
+from bench.cgroups import Cgroups, tmpfs_dir
 from bench.dqoesd import Dqoesd, interrupt_on_sigterm
 from bench.timing import FAKE, Stats, fmt_time, kernel_place, summarize
 from dqoes_cg.cgroup import resolve_many
+from dqoes_cg.cgtable import raise_fd_limit
 from dqoes_cg.control import DaemonUnavailable, RequestError
 from dqoes_cg.controller import FD_RESERVE, FDS_PER_TARGET
 from lab.cgroups import cgroup2_cpu_mount
@@ -238,7 +239,7 @@ def fd_room_for(n: int, more: int) -> tuple[bool, str]:
     """Whether a daemon started from here may open the descriptors of n targets and `more`
     pending ones (it inherits this process's limit, raised as far as allowed)."""
     need = FDS_PER_TARGET * (n + more) + FD_RESERVE
-    room = raise_fd_limit(need)
+    room = raise_fd_limit(need, hard=True)
     if room >= need:
         return True, ""
     return False, (f"N = {n:,}: the daemon needs {need:,} open files ({FDS_PER_TARGET} per "

@@ -8,6 +8,7 @@ fill requests in place (or pass them to `apply`). Membership changes build a new
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
@@ -68,6 +69,17 @@ def raise_fd_limit(needed: int, *, hard: bool = False) -> int:
         soft = want if ceiling == resource.RLIM_INFINITY else min(want, ceiling)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, ceiling))
     return soft - in_use
+
+
+def open_file_limit() -> int:
+    """RLIMIT_NOFILE, with the soft limit first lifted to the hard one where it is lower
+    (the loop waits with epoll, not select: descriptors above 1,024 are fine)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return (1 << 30) if soft == resource.RLIM_INFINITY else soft
 
 
 class _Array:

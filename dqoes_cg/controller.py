@@ -28,7 +28,6 @@ import contextlib
 import logging
 import math
 import os
-import resource
 import time
 from functools import partial
 from pathlib import Path
@@ -47,7 +46,7 @@ from .cgroup import (
     require_cpu_on_mount,
     resolve_many,
 )
-from .cgtable import FDS_PER_CGROUP, CgroupTable
+from .cgtable import FDS_PER_CGROUP, CgroupTable, open_file_limit
 from .config import Config
 from .fleet import Fleet
 from .policy import Cls, Policy, make_policy
@@ -399,14 +398,3 @@ class Controller:
             self.actuator.restore(np.ones(len(self.fleet), bool))
         self.fleet.close()
         self.targets.store.close()
-
-
-def open_file_limit() -> int:
-    """RLIMIT_NOFILE, with the soft limit first lifted to the hard one where it is lower
-    (the loop waits with epoll, not select: descriptors above 1,024 are fine)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return (1 << 30) if soft == resource.RLIM_INFINITY else soft

@@ -36,7 +36,6 @@ from dqoes_cg._native import ffi, lib
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RUN_DIR = Path("/run/dqoes")
 RING_FILE = "ring"
 """The ring's name in its container's directory (inside the container: /run/dqoes/ring)."""
 DEFAULT_CAPACITY = 1 << 16

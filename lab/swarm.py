@@ -58,6 +58,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from dqoes_cg.actuator import format_cpu_max
+from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC
 from lab.cgroups import remove_cgroup_tree
 from lab.images import DOCKER, import_image
 from lab.shell import sh, wait_for
@@ -74,7 +76,6 @@ ETC_NETNS = Path("/etc/netns")
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "lab-swarm"
 CONTROLLERS = "+cpuset +cpu +io +memory +pids"
-PERIOD_USEC = 100_000
 BUSYBOX = Path("/bin/busybox")  # static: an image of it alone runs anywhere
 BUSYBOX_IMAGE = "lab/busybox:1"  # the tag of that image, busybox at /busybox
 # The process that holds a node's namespaces (sh -c SCRIPT NAME), in its network namespace
@@ -237,7 +238,7 @@ class Node:
     @property
     def cpu_max(self) -> str:
         """The cpu.max line of the containers' subtree: the node's budget."""
-        return f"{round(self.cpus * PERIOD_USEC)} {PERIOD_USEC}"
+        return format_cpu_max(round(self.cpus * DEFAULT_PERIOD_USEC), DEFAULT_PERIOD_USEC)
 
     # -- its namespaces and processes -------------------------------------------------
 

@@ -35,6 +35,7 @@ from dqoes_cg.control import DaemonUnavailable, request
 from dqoes_cg.ring import RingSet, ring_dir_name, ring_path
 from dqoes_cg.status import Status
 from lab import REPO
+from lab.cgroups import remove_cgroup_tree
 
 CONTROLLERS = "+cpu"
 
@@ -75,7 +76,7 @@ class Testbed:
         self.workers.clear()
         if self.daemon is not None:
             self.stop_daemon()
-        remove_tree(self.root)
+        remove_cgroup_tree(self.root)
 
     # --- the daemon ------------------------------------------------------------------
 
@@ -271,29 +272,3 @@ def cap_cpus(cgroup: Path, cpus: float) -> None:
     subtree: a worker node of its own, beside others on the same kernel)."""
     period = DEFAULT_PERIOD_USEC
     (cgroup / "cpu.max").write_text(format_cpu_max(round(cpus * period), period))
-
-
-def remove_tree(cgroup: Path) -> None:
-    """Kill what is left in a cgroup tree and remove it, children first."""
-    if not cgroup.is_dir():
-        return
-    kill = cgroup / "cgroup.kill"
-    if kill.exists():
-        kill.write_text("1")
-    deadline = time.monotonic() + 10
-    for d in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        _rmdir(d, deadline)
-    _rmdir(cgroup, deadline)
-
-
-def _rmdir(d: Path, deadline: float) -> None:
-    while True:
-        try:
-            d.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:  # EBUSY while killed processes are still exiting
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from dqoes_cg.cgroup import find_cgroup2_mount
-from lab.testbed import Observer, Testbed, cap_cpus, remove_tree
+from lab.cgroups import remove_cgroup_tree
+from lab.testbed import Observer, Testbed, cap_cpus
 
 from .scenarios import Scenario
 from .sim import Curve, Node, Params, Windows
@@ -82,7 +83,7 @@ def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: P
     multi = len(nodes) > 1
     with ExitStack() as stack:
         if multi:  # removed last, once the nodes' subtrees are gone
-            stack.callback(remove_tree, find_cgroup2_mount() / root)
+            stack.callback(remove_cgroup_tree, find_cgroup2_mount() / root)
         beds = []
         for k, node in enumerate(nodes):
             subtree = f"{root}/node{k + 1}" if multi else root

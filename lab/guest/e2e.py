@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dqoes_cg.actuator import parse_cpu_max
 from dqoes_cg.cgroup import resolve
+from dqoes_cg.config import RUN_DIR
 from dqoes_cg.control import request
 from dqoes_cg.status import ContainerStatus, Status
 from lab.images import DOCKER, import_image
@@ -28,7 +29,6 @@ IMAGE = "dqoes-infer:e2e"
 BUSYBOX = "/bin/busybox"  # static (busybox-static): a shell in the image, for the tests
 APPLETS = ("sh", "ls", "cat", "dd", "df", "tail", "sleep", "touch")
 VOLUME = "type=volume,volume-driver=dqoes,dst=/run/dqoes"  # a ring of its own (README)
-RUN_DIR = Path("/run/dqoes")
 SOCKET = RUN_DIR / "dqoes.sock"
 CGROUP = Path("/sys/fs/cgroup")
 DROP_IN = Path("/run/systemd/system/dqoesd.service.d/e2e.conf")
