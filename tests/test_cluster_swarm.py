@@ -26,9 +26,9 @@ pytestmark = pytest.mark.guest_swarm
 ROOT = Path(__file__).resolve().parent.parent
 CONVERGE_S = 600.0  # minutes: seven Python daemons and three engines on an emulated CPU
 SERVICE = "cluster-web"
-# Agents report every 2 s; a report may come late on the emulated CPU, which must not make
-# a node that runs well unreachable.
-NODE_TIMEOUT_S = 15.0
+# Agents report every 2 s; on an emulated CPU shared with other guests a report may come
+# tens of seconds late, which must not make a node that runs well unreachable.
+NODE_TIMEOUT_S = 60.0
 
 
 class Daemons:
@@ -151,8 +151,8 @@ def test_the_manager_shows_every_node_and_a_labelled_services_tasks_with_their_t
     assert (service["target_s"], service["replicas"], service["error"]) == (2.0, 3, None)
     assert sorted(t["node"] for t in _tasks(doc)) == ["node1", "node2", "node3"]
     containers = {t["container_id"] for t in _tasks(doc)}
-    table = daemons.table()
-    assert "nodes 3 of 3 up" in table, table
+    wait_for(lambda: "nodes 3 of 3 up" in daemons.table(), CONVERGE_S,
+             "the table: every node up", daemons.table, every=3.0)
 
     # A new target on the service reaches every task, none recreated.
     swarm.update_service(SERVICE, "--label-add", "dqoes.target=3s")
