@@ -28,7 +28,7 @@ from .vm import POLL_INTERVAL, FileTail, Guest, GuestConfig, GuestError
 
 FORCE_ENV = "DQOES_TEST_GUEST"  # "1": always use the guest; "0": never
 TIMEOUT_ENV = "DQOES_GUEST_TIMEOUT"  # seconds for the guest's whole test run
-DEFAULT_TIMEOUT = 2700.0  # a session takes 10-15 min alone; three guests share 2 busy cores
+DEFAULT_TIMEOUT = 2700.0  # the three guests share the host's CPUs with whatever else runs there
 IN_GUEST_ENV = "DQOES_GUEST"
 
 
