@@ -6,8 +6,11 @@ Parts: "host" is what runs on this machine's CPU: the ring and the policy, and t
 parts (sampling, applying, whole tick, daemon) over a fake cgroupfs tree on tmpfs. "kernel"
 is those kernel parts on a real cgroup v2 hierarchy with the cpu controller: on this host if
 it has one, else inside a qemu guest (`python3 -m lab.guest`), which runs `python3 -m
-bench --part kernel --json FILE` with FILE in a host directory it may write to. The report
-goes to DIR (default bench/results): results.json, REPORT.md, tick_cost.png.
+bench --part kernel --json FILE` with FILE in a host directory it may write to. "docker" is
+Docker's tools against ours on the same containers (docker.py): always in a guest with
+systemd and Docker's engine (`python3 -m lab.guest --systemd`), whose engine it may
+restart. The report goes to DIR (default bench/results): results.json, REPORT.md,
+tick_cost.png, tick_per_container.png.
 """
 
 from __future__ import annotations
@@ -26,7 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import applying, daemon_overhead, policy_loop, report, ring_bench, sampling, tick
+from bench import (
+    applying,
+    daemon_overhead,
+    docker,
+    policy_loop,
+    report,
+    ring_bench,
+    sampling,
+    tick,
+)
 from bench.cgroups import FDS_PER_CGROUP, Cgroups
 from bench.report import Results
 from bench.timing import FAKE, HOST, NotMeasured, format_table
@@ -34,7 +46,7 @@ from lab.cgroups import cgroup2_cpu_mount
 
 ROOT = Path(__file__).resolve().parents[1]
 GUEST_TIMEOUT_S = 3600.0
-GUEST_MEMORY_MIB = 4096  # 10,000 cgroups and 1,000 idle processes
+GUEST_MEMORY_MIB = 4096  # 10,000 cgroups and 1,000 idle processes; 100 containers
 
 
 @dataclass(frozen=True)
@@ -44,12 +56,16 @@ class Sizes:
     policy_ns: tuple[int, ...]
     repeats: int
     budget_s: float  # per case, once MIN_REPEATS are done
-    daemon_n: int
+    daemon_ns: tuple[int, ...]
     daemon_s: float
+    docker_ns: tuple[int, ...]  # running containers
+    docker_repeats: int
+    docker_budget_s: float
 
 
-FULL = Sizes((10, 100, 1000, 10000), (10, 100, 1000), policy_loop.NS, 15, 3.0, 100, 60.0)
-QUICK = Sizes((2, 5), (2,), (10, 100), 3, 0.1, 5, 2.0)
+FULL = Sizes((10, 100, 1000, 10000), (100, 1000, 5000, 10000), policy_loop.NS, 15, 3.0,
+             (100, 1000), 60.0, (10, 100), 5, 20.0)
+QUICK = Sizes((2, 5), (2,), (10, 100), 3, 0.1, (5,), 2.0, (2,), 3, 0.1)
 
 
 def cpu_model() -> str:
@@ -79,7 +95,7 @@ def describe_place(cgroups: Cgroups) -> str:
 def kernel_parts(sizes: Sizes, mount: Path | None) -> Results:
     """Sampling, applying, tick and daemon on one set of cgroups: under `mount`, or a fake tree."""
     res = Results()
-    n = max(*sizes.ns, *sizes.tick_ns, sizes.daemon_n)
+    n = max(*sizes.ns, *sizes.tick_ns, *sizes.daemon_ns)
     with Cgroups(n, mount) as cgroups:
         res.places[cgroups.where] = describe_place(cgroups)
         ns = [n for n in sizes.ns if FDS_PER_CGROUP * n <= cgroups.fd_room]
@@ -91,7 +107,17 @@ def kernel_parts(sizes: Sizes, mount: Path | None) -> Results:
         res.add(sampling.run(cgroups, ns, sizes.repeats, sizes.budget_s))
         res.add(applying.run(cgroups, ns, sizes.repeats, sizes.budget_s))
         res.add(tick.run(cgroups, list(sizes.tick_ns), sizes.repeats, sizes.budget_s))
-        res.daemon.append(daemon_overhead.run(cgroups, sizes.daemon_n, sizes.daemon_s))
+        for daemon_n in sizes.daemon_ns:
+            res.daemon.append(daemon_overhead.run(cgroups, daemon_n, sizes.daemon_s))
+    return res
+
+
+def docker_part(sizes: Sizes) -> Results:
+    """Docker's tools against ours, here (this must be a guest: the engine is restarted)."""
+    rows, places = docker.run(list(sizes.docker_ns), sizes.docker_repeats,
+                              sizes.docker_budget_s)
+    res = Results(places=places)
+    res.add(rows)
     return res
 
 
@@ -103,18 +129,18 @@ def host_parts(sizes: Sizes, quick: bool) -> Results:
     return res
 
 
-def kernel_in_guest(quick: bool) -> Results:
-    """The kernel parts in a qemu guest (lab/guest), which writes its results into a
-    host directory shared writable with it; its output streams to ours."""
+def in_guest(part: str, quick: bool, systemd: bool = False) -> Results:
+    """A part in a qemu guest (lab/guest), which writes its results into a host directory
+    shared writable with it; its output streams to ours."""
     with tempfile.TemporaryDirectory(prefix="dqoes-bench-guest-") as shared:
-        out = Path(shared) / "kernel.json"
-        command = [sys.executable, "-m", "lab.guest", "--memory", str(GUEST_MEMORY_MIB),
-                   "--timeout", str(GUEST_TIMEOUT_S), "--writable", shared, "--",
-                   sys.executable, "-m", "bench", "--part", "kernel", "--json", str(out),
-                   *(["--quick"] if quick else [])]
+        out = Path(shared) / f"{part}.json"
+        command = [sys.executable, "-m", "lab.guest", *(["--systemd"] if systemd else []),
+                   "--memory", str(GUEST_MEMORY_MIB), "--timeout", str(GUEST_TIMEOUT_S),
+                   "--writable", shared, "--", sys.executable, "-m", "bench", "--part", part,
+                   "--json", str(out), *(["--quick"] if quick else [])]
         status = subprocess.run(command, cwd=ROOT, check=False).returncode
         if status != 0 or not out.exists():
-            raise RuntimeError(f"the bench in the guest failed (status {status})")
+            raise RuntimeError(f"the bench's {part} part in the guest failed (status {status})")
         return Results.from_json(json.loads(out.read_text()))
 
 
@@ -135,6 +161,16 @@ def kernel_where(no_guest: bool) -> tuple[str, Path | None, str]:
     return "guest", None, ""
 
 
+def docker_where(no_guest: bool) -> str:
+    """Why the docker part cannot run in a systemd guest here, or "" if it can."""
+    if no_guest:
+        return "--no-guest (it runs only in a guest, whose Docker engine it may restart)"
+    from lab.guest.systemd_guest import missing_systemd_guest_packages
+
+    missing = missing_systemd_guest_packages()
+    return f"no systemd guest (missing {' '.join(missing)})" if missing else ""
+
+
 def commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
@@ -148,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="tiny N, few repeats: a smoke run of every part, figures meaningless")
-    p.add_argument("--part", choices=("all", "host", "kernel"), default="all")
+    p.add_argument("--part", choices=("all", "host", "kernel", "docker"), default="all")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results",
                    help="where the report goes")
     p.add_argument("--json", type=Path, default=None,
@@ -171,16 +207,26 @@ def main(argv: list[str] | None = None) -> int:
         if mount is None:
             p.error("--part kernel needs cgroup v2 with the cpu controller here")
         res.merge(kernel_parts(sizes, mount))
+    elif args.part == "docker":
+        if os.environ.get("DQOES_GUEST") != "1":
+            p.error("--part docker restarts Docker's engine: it runs in a guest only "
+                    "(python3 -m bench boots one)")
+        res.merge(docker_part(sizes))
     elif args.part == "all":
         where, mount, why = kernel_where(args.no_guest)
         if where == "here":
             res.merge(kernel_parts(sizes, mount))
         elif where == "guest":
-            res.merge(kernel_in_guest(args.quick))
+            res.merge(in_guest("kernel", args.quick))
         else:
             res.not_measured.append(NotMeasured(
                 "kernel", "sampling, applying, tick and daemon on a real cgroup v2", why,
                 f"see the figures of {FAKE!r}"))
+        why = docker_where(args.no_guest)
+        if why:
+            res.not_measured += docker.not_measured(why)
+        else:
+            res.merge(in_guest("docker", args.quick, systemd=True))
 
     print(format_table(res.rows))
     if args.json is not None:

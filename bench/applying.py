@@ -1,7 +1,8 @@
 """Applying N CPU limits to cpu.max: our one C call (CgroupTable.apply) against Python
 writing each file. Every timed call changes every limit (two quotas take turns), so each
-one writes all N files. `docker update --cpus` is not run: the bench changes no container
-it did not start, and starts none."""
+one writes all N files. Docker's `docker update --cpus` is measured on running containers
+by docker.py. Beside them, the floor: the same system calls from C with nothing formatted,
+the kernel's part of ours."""
 
 from __future__ import annotations
 
@@ -12,16 +13,14 @@ from collections.abc import Iterator
 import numpy as np
 
 from bench.cgroups import Cgroups
-from bench.sampling import docker_engine
-from bench.timing import NotMeasured, Row, measure
+from bench.timing import Row, measure
 from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 
 PART = "applying"
 OURS = "C, one call for all (CgroupTable.apply)"
 PER_FILE = "Python: open, write, close each cpu.max"
 KEPT_OPEN = "Python: os.pwrite each cpu.max kept open"
-DOCKER_UPDATE = "docker update --cpus"
-DOCKER_UPDATE_REFERENCE_S = 0.025
+FLOOR = "C: pwrite of each cpu.max kept open, nothing formatted (the kernel's part)"
 QUOTAS_USEC = (50_000, 60_000)
 
 
@@ -36,8 +35,8 @@ def python_kept_open(fds: list[int], quota: int) -> None:
         os.pwrite(fd, f"{quota} {DEFAULT_PERIOD_USEC}\n".encode(), 0)
 
 
-def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row | NotMeasured]:
-    results: list[Row | NotMeasured] = []
+def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row]:
+    results: list[Row] = []
     for n in ns:
         dirs = cgroups.dirs[:n]
         max_files = [str(d / "cpu.max") for d in dirs]
@@ -60,14 +59,12 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[
                     raise RuntimeError(f"CgroupTable.apply failed: {table.error(0)}")
 
             timings.insert(0, (OURS, measure(apply, repeats=repeats, budget_s=budget_s)))
+        timings.append((FLOOR, cgroups.floor(dirs, "write", repeats)))
+        with CgroupTable(dirs) as table:
             table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # back to unlimited
         for case, stats in timings:
             ours = case == OURS
-            results.append(Row.of(PART, case, stats, where=cgroups.where, n=n,
-                                  role="ours" if ours else "baseline", per=f"{n} cgroups",
-                                  versus=None if ours else OURS))
-    results.append(NotMeasured(
-        PART, DOCKER_UPDATE, docker_engine() or "the bench changes no container it did not "
-        "start, and starts none", "about 25 ms per change (the paper's method, figure quoted "
-        "in the issue)", DOCKER_UPDATE_REFERENCE_S))
+            role = "ours" if ours else "floor" if case == FLOOR else "baseline"
+            results.append(Row.of(PART, case, stats, where=cgroups.where, n=n, role=role,
+                                  per=f"{n} cgroups", versus=None if ours else OURS))
     return results

@@ -2,7 +2,8 @@
 cgroups, ticking every second, while this process feeds every ring PRODUCER_HZ records a
 second (the producers' CPU is theirs, not the daemon's). Measured from /proc after the
 daemon said READY=1 (its start-up is not counted): CPU time (utime + stime) over the
-window, resident memory (VmRSS, its private part RssAnon, and the peak VmHWM), and ticks
+window, resident memory (VmRSS, its private part RssAnon, the pages of the rings it mapped
+and read, RssShmem, which are the producers' shared memory, and the peak VmHWM), and ticks
 (one STATUS notification each).
 """
 
@@ -38,6 +39,7 @@ class DaemonOverhead:
     rss_anon_mb: float
     hwm_mb: float
     sample_interval_s: float = SAMPLE_INTERVAL_S
+    rss_shmem_mb: float = 0.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -47,11 +49,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 def memory_mb(pid: int) -> dict[str, float]:
-    """VmRSS, RssAnon and VmHWM of a process, in MB (10^6 bytes)."""
+    """VmRSS, RssAnon, RssShmem and VmHWM of a process, in MB (10^6 bytes)."""
     found = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "VmHWM"):
+        if key in ("VmRSS", "RssAnon", "RssShmem", "VmHWM"):
             found[key] = int(value.split()[0]) * 1024 / 1e6
     return found
 
@@ -94,7 +96,8 @@ def run(cgroups: Cgroups, n: int, seconds: float) -> DaemonOverhead:
         ticks += sum(m.startswith("WATCHDOG=1") for m in _notifications(sock))
         memory = memory_mb(daemon.pid)
         return DaemonOverhead(cgroups.where, n, elapsed, ticks, used, 100 * used / elapsed,
-                              memory["VmRSS"], memory["RssAnon"], memory["VmHWM"])
+                              memory["VmRSS"], memory["RssAnon"], memory["VmHWM"],
+                              rss_shmem_mb=memory["RssShmem"])
     finally:
         if producers is not None:
             producers.close()

@@ -1,6 +1,8 @@
 """The bench's outputs: results.json (everything measured, machine-readable), REPORT.md (the
-tables and the targets of the issue, met or missed) and tick_cost.png (cost per tick against
-the number of containers, log-log, ours and each baseline)."""
+tables and the targets of the issue, met or missed), tick_cost.png (cost per tick against
+the number of containers, log-log, ours and each baseline) and tick_per_container.png (the
+cost of a tick and of each of its parts per container, against the number of
+containers)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import applying, policy_loop, sampling, tick
+from bench import applying, docker, policy_loop, ring_bench, sampling, tick
 from bench.daemon_overhead import DaemonOverhead
 from bench.timing import NotMeasured, Row, fmt_time, ratio
 
 TICK_TARGET_S = 2e-3
+SENSE_TARGET_S = 1e-3
+FLAT_WITHIN = 1.5  # the per-container cost of a tick at the largest N over that at FLAT_FROM
+FLAT_FROM = 100
 SAMPLING_VS_PYTHON = 20.0
 SAMPLING_VS_DOCKER = 10_000.0
 POLICY_VS_LOOP = 10.0
@@ -61,6 +66,10 @@ class Results:
     def places_of(self, part: str) -> list[str]:
         return list(dict.fromkeys(r.where for r in self.rows if r.part == part))
 
+    def ns_of(self, part: str, case: str, where: str) -> list[int]:
+        return sorted({r.n for r in self.rows if (r.part, r.case, r.where) == (part, case, where)
+                       and r.n})
+
 
 @dataclass
 class Check:
@@ -77,19 +86,31 @@ def check_targets(res: Results) -> list[Check]:
     checks = []
     n = TARGET_N
     for where in res.places_of(tick.PART):
-        whole = res.find(tick.PART, tick.WRITE_ALL, where, n)
-        sense = res.find(tick.PART, tick.SENSE, where, n)
-        checks.append(Check(
-            f"whole tick at N={n} < {fmt_time(TICK_TARGET_S)}", where,
-            _missing(n) if whole is None else fmt_time(whole.median_s),
-            None if whole is None else whole.median_s < TICK_TARGET_S,
-            "" if whole is None or sense is None else
-            f"sample + drain + decide + all {n} cpu.max written; sense-only tick "
-            f"{fmt_time(sense.median_s)}"))
+        for case, target, what in (
+                (tick.WRITE_ALL, TICK_TARGET_S,
+                 f"sample + drain + decide + all {n} cpu.max written"),
+                (tick.SENSE, SENSE_TARGET_S, "sample + drain (most ticks)")):
+            row = res.find(tick.PART, case, where, n)
+            label = "whole tick" if case == tick.WRITE_ALL else "sense-only tick"
+            checks.append(Check(
+                f"{label} at N={n} < {fmt_time(target)}", where,
+                _missing(n) if row is None else fmt_time(row.median_s),
+                None if row is None else row.median_s < target,
+                what + ("" if row is None else "; " + _slowest_parts(res, case, where, n))))
+        checks.append(_flat_check(res, where))
+    for where in res.places_of(ring_bench.PART):
+        idle = next((r for r in res.rows if r.part == ring_bench.PART and r.where == where
+                     and r.versus == ring_bench.SYSCALL), None)
+        x = None if idle is None else ratio(idle, res.rows)
+        if idle is not None and x is not None:
+            checks.append(Check(
+                "ring drain: no system call per ring with nothing new", where,
+                f"{fmt_time(idle.median_s)} per ring", x < 1,
+                f"{x:.2g}x one system call (getppid, measured beside it); {idle.note}"))
     for where in res.places_of(sampling.PART):
         checks.append(_speedup(res, sampling.PART, sampling.PER_FILE, where, SAMPLING_VS_PYTHON,
                                "sampling", "pure-Python reads"))
-        checks.append(_docker_check(res, where))
+    checks += _docker_checks(res)
     for where in res.places_of(policy_loop.PART):
         checks.append(_speedup(res, policy_loop.PART, policy_loop.LOOP, where, POLICY_VS_LOOP,
                                "vectorized policy", "the loop"))
@@ -120,26 +141,56 @@ def _speedup(res: Results, part: str, baseline: str, where: str, at_least: float
                  None if x is None else x >= at_least)
 
 
-def _docker_check(res: Results, where: str) -> Check:
-    """Per container: `docker stats` (measured, or the reference figure) over our sample."""
-    target = f"sampling >= {SAMPLING_VS_DOCKER:,.0f}x faster per container than docker stats"
-    ours = max((r for r in res.rows if (r.part, r.case, r.where) ==
-                (sampling.PART, sampling.OURS, where)), key=lambda r: r.n or 0, default=None)
-    measured = next((r for r in res.rows if (r.part, r.case, r.where) ==
-                     (sampling.PART, sampling.DOCKER_STATS, where)), None)
-    reference = next((m for m in res.not_measured if m.case == sampling.DOCKER_STATS), None)
-    if ours is None or ours.n is None or (measured is None and reference is None):
+def _slowest_parts(res: Results, case: str, where: str, n: int) -> str:
+    """The three parts of those ticks that took longest, for the verdict's detail."""
+    parts = [r for label in (*tick.PARTS, tick.REST)
+             if (r := res.find(tick.PART, tick.part_case(case, label), where, n)) is not None]
+    parts.sort(key=lambda r: -r.median_s)
+    return ", ".join(f"{r.case.split(', within')[0]} {fmt_time(r.median_s)}" for r in parts[:3])
+
+
+def _flat_check(res: Results, where: str) -> Check:
+    """The per-container cost of a whole tick at the largest N against that at FLAT_FROM."""
+    ns = res.ns_of(tick.PART, tick.WRITE_ALL, where)
+    target = (f"tick cost per container flat from N={FLAT_FROM:,} up (within "
+              f"{FLAT_WITHIN:g}x)")
+    if FLAT_FROM not in ns or ns[-1] == FLAT_FROM:
         return Check(target, where, "not measured", None)
-    per_ours = ours.median_s / ours.n
-    if measured is not None and measured.n:
-        x, note = measured.median_s / measured.n / per_ours, "docker stats measured here"
-    else:
-        assert reference is not None and reference.reference_s is not None
-        x = reference.reference_s / per_ours
-        note = (f"docker stats NOT measured ({reference.reason}); against the reference "
-                f"{fmt_time(reference.reference_s)} per container sample")
-    return Check(target, where, f"{x:,.0f}x", x >= SAMPLING_VS_DOCKER,
-                 f"ours {fmt_time(per_ours)} per cgroup at N={ours.n}; {note}")
+    low, high = (res.find(tick.PART, tick.WRITE_ALL, where, n) for n in (FLAT_FROM, ns[-1]))
+    assert low is not None and high is not None
+    x = (high.median_s / ns[-1]) / (low.median_s / FLAT_FROM)
+    return Check(target, where, f"{x:.2f}x at N={ns[-1]:,}", x <= FLAT_WITHIN,
+                 f"{fmt_time(low.median_s / FLAT_FROM)} per container at N={FLAT_FROM:,}, "
+                 f"{fmt_time(high.median_s / ns[-1])} at N={ns[-1]:,}")
+
+
+def _docker_checks(res: Results) -> list[Check]:
+    """Per container, at the largest N of each place: `docker stats` over our sample
+    (measured, or else the reference figure against the host's sampling)."""
+    target = f"sampling >= {SAMPLING_VS_DOCKER:,.0f}x faster per container than docker stats"
+    checks = []
+    for where in res.places_of(docker.PART):
+        n = max(res.ns_of(docker.PART, docker.STATS, where))
+        stats = res.find(docker.PART, docker.STATS, where, n)
+        ours = res.find(docker.PART, docker.SAMPLE, where, n)
+        assert stats is not None and ours is not None
+        x = stats.median_s / ours.median_s
+        checks.append(Check(target, where, f"{x:,.0f}x", x >= SAMPLING_VS_DOCKER,
+                            f"docker stats {fmt_time(stats.median_s / n)} per container, ours "
+                            f"{fmt_time(ours.median_s / n)}, over the same {n} running "
+                            "containers"))
+    reference = next((m for m in res.not_measured if m.case == docker.STATS), None)
+    if not checks and reference is not None and reference.reference_s is not None:
+        for where in res.places_of(sampling.PART):
+            ours = max((r for r in res.rows if (r.part, r.case, r.where) ==
+                        (sampling.PART, sampling.OURS, where)), key=lambda r: r.n or 0)
+            assert ours.n
+            x = reference.reference_s / (ours.median_s / ours.n)
+            checks.append(Check(
+                target, where, f"{x:,.0f}x", x >= SAMPLING_VS_DOCKER,
+                f"docker stats NOT measured ({reference.reason}); against the reference "
+                f"{fmt_time(reference.reference_s)} per container sample"))
+    return checks
 
 
 # --- Markdown -------------------------------------------------------------------------
@@ -161,10 +212,10 @@ def _x(r: Row, rows: list[Row]) -> str:
 
 def _per_place(res: Results, part: str, header: list[str],
                line: Callable[[Row], list[str]]) -> str:
-    """One table of the part's rows per place."""
+    """One table of the part's rows per place (parts of other rows aside)."""
     out = []
     for where in res.places_of(part):
-        rows = [r for r in res.rows if r.part == part and r.where == where]
+        rows = [r for r in res.rows if r.part == part and r.where == where and r.role != "part"]
         out += [f"**{where}**\n", _table(header, (line(r) for r in rows)), ""]
     return "\n".join(out) if out else "Not run.\n"
 
@@ -179,9 +230,61 @@ def _per_n_section(res: Results, part: str, ratio_header: str) -> str:
 
 def _ring_section(res: Results) -> str:
     return _per_place(
-        res, "ring", ["case", "median", "p10 - p90", "per second", "x its floor", "repeats"],
-        lambda r: [r.case, f"{fmt_time(r.median_s)} per {r.per}", _spread(r),
+        res, ring_bench.PART, ["case", "median", "p10 - p90", "per second", "x its floor",
+                               "repeats"],
+        lambda r: [r.case + (f" ({r.note})" if r.note else ""),
+                   f"{fmt_time(r.median_s)} per {r.per}", _spread(r),
                    f"{1 / r.median_s:,.3g} {r.per}s", _x(r, res.rows), str(r.repeats)])
+
+
+def _profile_cells(res: Results, case: str, where: str, label: str) -> list[str]:
+    """One part's row of a profile table: per N, per tick (per container, share)."""
+    cells = [label]
+    for n in res.ns_of(tick.PART, case, where):
+        whole = res.find(tick.PART, case, where, n)
+        part = res.find(tick.PART, tick.part_case(case, label), where, n)
+        cells.append("" if part is None or whole is None else
+                     f"{fmt_time(part.median_s)} ({fmt_time(part.median_s / n)}, "
+                     f"{100 * part.median_s / whole.median_s:.0f}%)")
+    return cells
+
+
+def _profile_section(res: Results) -> str:
+    """Where the time of a tick goes: each part's median over the same timed ticks, per N,
+    and per container."""
+    out = []
+    for where in res.places_of(tick.PART):
+        for case in tick.PROFILED:
+            ns = res.ns_of(tick.PART, case, where)
+            if not ns:
+                continue
+            lines = [_profile_cells(res, case, where, label)
+                     for label in (*tick.PARTS, tick.REST)]
+            wholes = [res.find(tick.PART, case, where, n) for n in ns]
+            lines.append(["whole tick (median)"] + [
+                "" if w is None else f"**{fmt_time(w.median_s)}** ({fmt_time(w.median_s / n)})"
+                for w, n in zip(wholes, ns, strict=True)])
+            out += [f"**{where}: {case}** (per tick; in brackets per container and share of "
+                    "the tick; the parts' medians need not add up to the whole's)\n",
+                    _table(["part", *(f"N={n:,}" for n in ns)], lines), ""]
+    return "\n".join(out) if out else "Not run.\n"
+
+
+def _docker_section(res: Results) -> str:
+    out = []
+    for where in res.places_of(docker.PART):
+        lines = []
+        for n in res.ns_of(docker.PART, docker.SAMPLE, where):
+            for case in (docker.STATS, docker.SAMPLE, docker.UPDATE_EACH, docker.UPDATE_ALL,
+                         docker.APPLY):
+                r = res.find(docker.PART, case, where, n)
+                if r is not None:
+                    lines.append([f"{n:,}", case + (f" ({r.note})" if r.note else ""),
+                                  fmt_time(r.median_s), _spread(r), fmt_time(r.median_s / n),
+                                  _x(r, res.rows), str(r.repeats)])
+        out += [f"**{where}**\n", _table(["N", "case", "median", "p10 - p90",
+                                           "per container", "x ours", "repeats"], lines), ""]
+    return "\n".join(out) if out else "Not run.\n"
 
 
 def _daemon_section(res: Results) -> str:
@@ -189,21 +292,26 @@ def _daemon_section(res: Results) -> str:
         return "Not run.\n"
     return _table(
         ["where", "N", "sampling", "window", "ticks", "CPU time", "CPU, % of one core",
-         "VmRSS", "RssAnon", "VmHWM"],
+         "VmRSS", "RssAnon", "RssShmem (rings)", "VmHWM"],
         ([d.where, str(d.n), f"{d.sample_interval_s:g} s", f"{d.seconds:.1f} s", str(d.ticks),
           f"{d.cpu_seconds:.2f} s", f"{d.cpu_percent:.3f}%", f"{d.rss_mb:.1f} MB",
-          f"{d.rss_anon_mb:.1f} MB", f"{d.hwm_mb:.1f} MB"] for d in res.daemon)) + "\n"
+          f"{d.rss_anon_mb:.1f} MB", f"{d.rss_shmem_mb:.1f} MB", f"{d.hwm_mb:.1f} MB"]
+         for d in res.daemon)) + "\n"
 
 
 def sections(res: Results) -> list[tuple[str, str, str]]:
     """(title, introduction, tables) of each measured part."""
     return [
         ("1. Sampling N cgroups' cpu.stat",
-         "One timed call samples all N cgroups; the ratio is the baseline's time over ours.",
+         "One timed call samples all N cgroups; the ratio is the baseline's time over ours. "
+         "The floor (bare `pread`s from C, nothing parsed) is the kernel's part: its ratio is "
+         "the share of our time spent in the kernel.",
          _per_n_section(res, sampling.PART, "x ours")),
         ("2. Applying N limits to cpu.max",
          "Every timed call changes all N limits (two quotas take turns), so each writes N "
-         "files.", _per_n_section(res, applying.PART, "x ours")),
+         "files. The floor (bare `pwrite`s from C, nothing formatted) is the kernel's part: "
+         "its ratio is the share of our time spent in the kernel.",
+         _per_n_section(res, applying.PART, "x ours")),
         ("3. The latency ring",
          "Per record (producers, drain) or per ring (a drain with nothing new); the ratio is "
          "over the floor beside it (a clock read, a Python call into C, a memory copy). The "
@@ -213,12 +321,22 @@ def sections(res: Results) -> list[tuple[str, str, str]]:
          "classes and totals (checked before timing).",
          _per_n_section(res, policy_loop.PART, "x ours")),
         ("5. A whole tick, and the daemon",
-         "`Controller.tick` of the real controller; see bench/tick.py for the variants.",
-         _per_n_section(res, tick.PART, "") + "\n" + _daemon_section(res)),
+         "`Controller.tick` of the real controller; see bench/tick.py for the variants. "
+         "Then where the time of those ticks goes: the C calls and the policy, timed "
+         "within the same ticks, and the Python around them. Then dqoesd itself, managing "
+         "N containers for a minute (VmRSS counts the pages of the rings it has read, "
+         "which are the producers' shared memory: RssShmem).",
+         _per_n_section(res, tick.PART, "") + "\n" + _profile_section(res) + "\n"
+         + _daemon_section(res)),
+        ("6. Docker's tools against ours",
+         "The same N running containers (an idle process each), Docker's engine on each "
+         "cgroup driver: `docker stats --no-stream` against `CgroupTable.sample`, `docker "
+         "update --cpus` against `CgroupTable.apply` on the containers' cgroups (every "
+         "call changes every limit). The ratio is per container.", _docker_section(res)),
     ]
 
 
-def markdown(res: Results, plot_name: str | None) -> str:
+def markdown(res: Results, plots: list[str]) -> str:
     meta = res.meta
     checks = check_targets(res)
     verdict = {True: "met", False: "**missed**", None: "not measured"}
@@ -251,8 +369,10 @@ def markdown(res: Results, plot_name: str | None) -> str:
         if res.not_measured else "Everything was measured.",
         "",
     ]
-    if plot_name:
-        parts += ["## Cost per tick against N", "", f"![cost per tick]({plot_name})", ""]
+    if plots:
+        parts += ["## Cost per tick against N", ""]
+        parts += [f"![{name.removesuffix('.png').replace('_', ' ')}]({name})\n"
+                  for name in plots]
     return "\n".join(parts)
 
 
@@ -287,12 +407,9 @@ def plot(res: Results, path: Path) -> bool:
                 ns.update(n for n, _ in points)
                 ax.plot(*zip(*points, strict=True), style, marker="o", label=label)
         xs = sorted(ns)
-        references = [m for m in res.not_measured if m.reference_s is not None]
-        for m, color in zip(references, ("black", "grey"), strict=False):
+        for (label, per_container), color in zip(_docker_lines(res), _COLORS, strict=False):
             if xs:
-                ax.plot(xs, [m.reference_s * n for n in xs], ":", color=color,
-                        label=f"{m.case}: {fmt_time(m.reference_s)} per container "
-                              "(reference, not measured)")
+                ax.plot(xs, [per_container * n for n in xs], ":", color=color, label=label)
         ax.set(xscale="log", yscale="log", xlabel="containers N", ylabel="seconds per tick",
                title=where)
         ax.grid(True, which="both", alpha=0.3)
@@ -302,10 +419,67 @@ def plot(res: Results, path: Path) -> bool:
     return True
 
 
+_COLORS = ("black", "grey", "tab:brown", "tab:pink")
+
+
+def _docker_lines(res: Results) -> list[tuple[str, float]]:
+    """(label, seconds per container) of Docker's tools: measured at the largest N of each
+    place, else the reference figures."""
+    lines = []
+    for where in res.places_of(docker.PART):
+        n = max(res.ns_of(docker.PART, docker.STATS, where))
+        for case in (docker.STATS, docker.UPDATE_EACH):
+            r = res.find(docker.PART, case, where, n)
+            if r is not None:
+                lines.append((f"{case.split(' (')[0]}: {fmt_time(r.median_s / n)} per "
+                              f"container (measured, {where.split(', ')[-1]})",
+                              r.median_s / n))
+    if not lines:
+        lines = [(f"{m.case}: {fmt_time(m.reference_s)} per container (reference, not "
+                  "measured)", m.reference_s) for m in res.not_measured
+                 if m.reference_s is not None]
+    return lines
+
+
+_PER_CONTAINER = [  # (case, label, style): a whole tick, then each part within it
+    (tick.WRITE_ALL, "whole tick, all N limits written", "-"),
+    (tick.SENSE, "tick, sense only", "-"),
+    *((tick.part_case(tick.WRITE_ALL, label), label, "--") for label in
+      (tick.SAMPLE, tick.DRAIN, tick.POLICY, tick.APPLY, tick.REST)),
+]
+
+
+def plot_per_container(res: Results, path: Path) -> bool:
+    """The cost of a tick and of its parts per container, against N; False if nothing."""
+    from matplotlib.figure import Figure
+
+    places = res.places_of(tick.PART)
+    if not places:
+        return False
+    fig = Figure(figsize=(7 * len(places), 6), layout="constrained")
+    axes = fig.subplots(1, len(places), squeeze=False)
+    for ax, where in zip(axes[0], places, strict=True):
+        for case, label, style in _PER_CONTAINER:
+            points = sorted((r.n, r.median_s / r.n) for r in res.rows
+                            if (r.part, r.case, r.where) == (tick.PART, case, where) and r.n)
+            if points:
+                ax.plot(*zip(*points, strict=True), style, marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="containers N",
+               ylabel="seconds per container per tick", title=where)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.suptitle("dqoes-cg: cost of a tick per container against the number of containers "
+                 "(parts: within the write-all ticks)")
+    fig.savefig(path, dpi=110)
+    return True
+
+
 def write(res: Results, out_dir: Path) -> None:
-    """results.json, tick_cost.png and REPORT.md into out_dir."""
+    """results.json, the plots and REPORT.md into out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(res.to_json(), indent=1) + "\n")
-    plotted = plot(res, out_dir / "tick_cost.png")
-    (out_dir / "REPORT.md").write_text(markdown(res, "tick_cost.png" if plotted else None))
+    plots = [name for name, draw in (("tick_cost.png", plot),
+                                     ("tick_per_container.png", plot_per_container))
+             if draw(res, out_dir / name)]
+    (out_dir / "REPORT.md").write_text(markdown(res, plots))
 

@@ -1,6 +1,8 @@
 """Cost of the latency rings: one record from the C and the Python producer, alone and with
-concurrent producers, and the daemon's drain rate, each beside a floor measured in the same
-run (a clock read, a Python call of a C function, a memory copy).
+concurrent producers, the daemon's drain rate, and what a drain costs per ring with nothing
+new, each beside a floor measured in the same run (a clock read, a Python call of a C
+function, a memory copy, a system call). A drain's read system calls are counted too
+(/proc/self/io).
 
     python3 -m bench.ring_bench [--quick]
 
@@ -34,6 +36,9 @@ CONCURRENT_THREADS = (2, 4)
 PYTHON_PROCESSES = 2
 IDLE_RINGS = 1000
 SMALL_CAPACITY = 1024
+PART = "ring"
+SYSCALL = "C getppid(), one system call (floor)"
+IDLE_DRAIN = "RingSet.drain of {} rings with no new record, per ring"
 
 # One Python producer process: waits for the common start time (CLOCK_MONOTONIC is
 # system-wide), records, prints its wall time in ns.
@@ -51,7 +56,7 @@ print(time.perf_counter_ns() - start)
 
 
 def _row(name: str, samples_ns: list[float], floor: Row | None = None) -> Row:
-    return Row.of("ring", name, summarize([ns * 1e-9 for ns in samples_ns]), where=HOST,
+    return Row.of(PART, name, summarize([ns * 1e-9 for ns in samples_ns]), where=HOST,
                   per="record", role="ours" if floor else "floor",
                   versus=floor.case if floor else None)
 
@@ -73,18 +78,19 @@ def _produce(exe: Path, ring: Path, threads: int, records: int) -> dict[str, int
 
 
 def _c_rows(exe: Path, ring: Path, repeats: int, records: int) -> list[Row]:
-    clock, one = [], []
+    clock, syscall, one = [], [], []
     concurrent: dict[int, list[float]] = {t: [] for t in CONCURRENT_THREADS}
     for _ in range(repeats):
         r = _produce(exe, ring, 1, records)
         clock.append(r["clock_ns"] / records)
+        syscall.append(r["syscall_ns"] / records)
         one.append(r["wall_ns"] / records)
         # Threads on one ring: wall time per record written, all threads together.
         for threads, samples in concurrent.items():
             samples.append(_produce(exe, ring, threads, records)["wall_ns"]
                            / (threads * records))
     base = _row("C clock_gettime(CLOCK_MONOTONIC) (floor)", clock)
-    return [base, _row("C dqoes_probe_record", one, base),
+    return [base, _row(SYSCALL, syscall), _row("C dqoes_probe_record", one, base),
             *(_row(f"C dqoes_probe_record, {threads} threads, per record", samples, base)
               for threads, samples in concurrent.items())]
 
@@ -158,8 +164,25 @@ def _drain_rows(exe: Path, ring: Path, repeats: int, records: int) -> list[Row]:
     return [base, _row("RingSet.drain, per record", drain, base)]
 
 
-def _idle_drain_row(workdir: Path, repeats: int, rings: int) -> Row:
-    """What a tick pays per ring with nothing new in it (checking the file is unchanged)."""
+def read_syscalls() -> int:
+    """read(2)-family system calls this process made so far (syscr of /proc/self/io)."""
+    with open("/proc/self/io", "rb", buffering=0) as f:
+        return int(f.read().split(b"syscr:")[1].split()[0])
+
+
+def reads_per_call(fn: Callable[[], object], calls: int = 100) -> float:
+    """read(2)-family system calls per call of fn, less those of reading /proc/self/io."""
+    first = read_syscalls()
+    overhead = read_syscalls() - first
+    start = read_syscalls()
+    for _ in range(calls):
+        fn()
+    return (read_syscalls() - start - overhead) / calls
+
+
+def _idle_drain_row(workdir: Path, repeats: int, rings: int, syscall: Row) -> Row:
+    """What a tick pays per ring with nothing new in it (reading its counter), and how many
+    read system calls a drain of them all makes (one: the inotify instance)."""
     paths = [workdir / "idle" / f"c{i:05d}" / "ring" for i in range(rings)]
     for path in paths:
         create_ring(path, SMALL_CAPACITY)
@@ -170,8 +193,10 @@ def _idle_drain_row(workdir: Path, repeats: int, rings: int) -> Row:
             start = time.perf_counter_ns()
             idle.drain()
             samples.append((time.perf_counter_ns() - start) / rings)
-    return Row.of("ring", f"RingSet.drain of {rings} rings with no new record, per ring",
-                  summarize([ns * 1e-9 for ns in samples]), where=HOST, per="ring")
+        reads = reads_per_call(idle.drain)
+    return Row.of(PART, IDLE_DRAIN.format(rings), summarize([ns * 1e-9 for ns in samples]),
+                  where=HOST, per="ring", versus=syscall.case,
+                  note=f"{reads:g} read system calls per drain of all {rings}")
 
 
 def run(quick: bool) -> list[Row]:
@@ -182,11 +207,12 @@ def run(quick: bool) -> list[Row]:
         ring = workdir / "ring"
         create_ring(ring, 1 << 16)
         rows = _c_rows(exe, ring, repeats, records)
+        syscall = next(r for r in rows if r.case == SYSCALL)
         rows += _python_rows(ring, repeats, records // 4)
         drained = workdir / "drained"
         create_ring(drained, DRAIN_CAPACITY)
         rows += _drain_rows(exe, drained, repeats, min(records, DRAIN_CAPACITY))
-        rows.append(_idle_drain_row(workdir, repeats, 10 if quick else IDLE_RINGS))
+        rows.append(_idle_drain_row(workdir, repeats, 10 if quick else IDLE_RINGS, syscall))
     return rows
 
 

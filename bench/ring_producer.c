@@ -6,7 +6,8 @@
  * Each of THREADS threads records RECORDS requests; thread t of producer ID gives record k
  * the latency 1 + ((ID * THREADS + t) * RECORDS + k) ns, so that a reader can tell every
  * record apart. Prints "attached=<0|1> records=<total> wall_ns=<time of the busiest loop>
- * clock_ns=<time of RECORDS bare clock reads before that>", the clock being the baseline.
+ * clock_ns=<time of RECORDS bare clock reads before that> syscall_ns=<time of RECORDS
+ * getppid system calls>", the clock and the system call being the baselines.
  */
 #include "dqoes_probe.h"
 
@@ -33,7 +34,7 @@ int main(int argc, char **argv)
     struct job jobs[64];
     pthread_t threads[64];
     struct dqoes_probe *probe;
-    uint64_t records, id, wall_ns = 0, clock_ns;
+    uint64_t records, id, wall_ns = 0, clock_ns, syscall_ns;
     long nthreads;
     if (argc != 5 || (nthreads = atol(argv[2])) < 1 || nthreads > 64) {
         fprintf(stderr, "usage: %s PATH THREADS(1-64) RECORDS ID\n", argv[0]);
@@ -48,6 +49,10 @@ int main(int argc, char **argv)
     for (uint64_t k = 0; k < records; k++)
         (void)dqoes_probe_now_ns();
     clock_ns = dqoes_probe_now_ns() - clock_ns;
+    syscall_ns = dqoes_probe_now_ns();
+    for (uint64_t k = 0; k < records; k++)
+        (void)getppid();
+    syscall_ns = dqoes_probe_now_ns() - syscall_ns;
     for (long t = 0; t < nthreads; t++) {
         uint64_t first = (id * (uint64_t)nthreads + (uint64_t)t) * records;
         jobs[t] = (struct job){probe, first, records, 0};
@@ -58,9 +63,10 @@ int main(int argc, char **argv)
         pthread_join(threads[t], NULL);
         wall_ns = jobs[t].wall_ns > wall_ns ? jobs[t].wall_ns : wall_ns;
     }
-    printf("attached=%d records=%llu wall_ns=%llu clock_ns=%llu\n", dqoes_probe_attached(probe),
-           (unsigned long long)(records * (uint64_t)nthreads), (unsigned long long)wall_ns,
-           (unsigned long long)clock_ns);
+    printf("attached=%d records=%llu wall_ns=%llu clock_ns=%llu syscall_ns=%llu\n",
+           dqoes_probe_attached(probe), (unsigned long long)(records * (uint64_t)nthreads),
+           (unsigned long long)wall_ns, (unsigned long long)clock_ns,
+           (unsigned long long)syscall_ns);
     dqoes_probe_close(probe);
     return 0;
 }

@@ -1,19 +1,17 @@
 """Sampling N cgroups' cpu.stat: our one C call (CgroupTable.sample) against Python reading
-each file, against psutil summing the CPU times of each cgroup's processes, and against
-`docker stats --no-stream` where a Docker engine answers."""
+each file, and against psutil summing the CPU times of each cgroup's processes. Docker's
+`docker stats` is measured on running containers by docker.py. Beside them, the floor: the
+same system calls from C with nothing parsed, the kernel's part of ours."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import time
 
 import numpy as np
 import psutil
 
 from bench.cgroups import Cgroups
-from bench.timing import NotMeasured, Row, Stats, measure, summarize
+from bench.timing import Row, Stats, measure
 from dqoes_cg.cgtable import CgroupTable
 
 PART = "sampling"
@@ -21,8 +19,7 @@ OURS = "C, one call for all (CgroupTable.sample)"
 PER_FILE = "Python: open, read, parse each cpu.stat"
 KEPT_OPEN = "Python: os.pread each cpu.stat kept open, parse"
 PSUTIL = "psutil: cgroup.procs, sum cpu_times() of each process"
-DOCKER_STATS = "docker stats --no-stream"
-DOCKER_STATS_REFERENCE_S = 2.0
+FLOOR = "C: pread of each cpu.stat kept open, nothing parsed (the kernel's part)"
 KEYS = (b"usage_usec", b"throttled_usec", b"nr_periods", b"nr_throttled")
 
 
@@ -59,42 +56,8 @@ def psutil_cpu(procs_files: list[str], out: np.ndarray) -> None:
         out[i] = total
 
 
-def docker_engine() -> str | None:
-    """None if a Docker engine answers here, else why not."""
-    if shutil.which("docker") is None:
-        return "no docker CLI where the bench ran"
-    try:
-        answer = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
-                                capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return "the Docker engine did not answer within 30 s"
-    if answer.returncode != 0:
-        return "no Docker engine where the bench ran"
-    return None
-
-
-def _docker_stats(repeats: int, where: str) -> Row | NotMeasured:
-    """`docker stats --no-stream` over the containers the engine already runs (read only:
-    the bench starts and changes no container of its own)."""
-    reference = "about 2 s per sample (the paper's method, figure quoted in the issue)"
-    why = docker_engine()
-    ids = [] if why else subprocess.run(["docker", "ps", "-q"], capture_output=True,
-                                        text=True, check=True).stdout.split()
-    if why or not ids:
-        return NotMeasured(PART, DOCKER_STATS, why or "the Docker engine runs no container",
-                           reference, DOCKER_STATS_REFERENCE_S)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run(["docker", "stats", "--no-stream", *ids], capture_output=True,
-                       check=True)
-        samples.append(time.perf_counter() - start)
-    return Row.of(PART, DOCKER_STATS, summarize(samples), where=where, n=len(ids),
-                  role="baseline", per=f"{len(ids)} containers", versus=OURS)
-
-
-def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row | NotMeasured]:
-    results: list[Row | NotMeasured] = []
+def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row]:
+    results: list[Row] = []
     for n in ns:
         dirs = cgroups.dirs[:n]
         stat_files = [str(d / "cpu.stat") for d in dirs]
@@ -118,13 +81,14 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[
         cpu = np.zeros(n)
         timings.append((PSUTIL, measure(lambda f=procs_files, o=cpu: psutil_cpu(f, o),
                                         repeats=repeats, budget_s=budget_s)))
+        timings.append((FLOOR, cgroups.floor(dirs, "read", repeats)))
         with_process = min(n, cgroups.processes)
         for case, stats in timings:
             ours = case == OURS
+            role = "ours" if ours else "floor" if case == FLOOR else "baseline"
             results.append(Row.of(
-                PART, case, stats, where=cgroups.where, n=n, role="ours" if ours else "baseline",
+                PART, case, stats, where=cgroups.where, n=n, role=role,
                 per=f"{n} cgroups", versus=None if ours else OURS,
                 note=f"{with_process} of the {n} cgroups hold one process" if case == PSUTIL
                 else ""))
-    results.append(_docker_stats(repeats, cgroups.where))
     return results

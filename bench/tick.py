@@ -13,8 +13,10 @@ measurement. Variants:
   after the first round, so few cpu.max writes happen;
 - with decide, all N limits written: as above, and every cpu.max rewritten (the table's
   record of what it wrote is forgotten first), the worst case.
-Beside them: the tick's three C calls on their own, and the status line dqoesd builds after
-every tick (Controller.summary).
+Within the same timed ticks, the parts are timed too (PartClock wraps the fleet's and the
+policy's methods that the tick calls): where each microsecond of a tick goes, the rest being
+Python around them. Beside them: the read-back of every cpu.max, and the status line dqoesd
+builds after every tick (Controller.summary), on their own.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.cgroups import Cgroups, tmpfs_dir
-from bench.timing import Row, measure
+from bench.cgroups import FDS_PER_CONTAINER, Cgroups, tmpfs_dir
+from bench.timing import MIN_REPEATS, NotMeasured, Row, measure, summarize
 from dqoes_cg.config import Config
 from dqoes_cg.controller import Controller
 from dqoes_cg.policy import PolicyParams
@@ -41,9 +43,14 @@ SENSE = "tick, sense only (sample + drain)"
 DECIDE = "tick with decide (+ policy, apply what changed)"
 WRITE_ALL = "tick with decide, all N cpu.max written"
 SUMMARY = "Controller.summary() (dqoesd calls it every tick)"
-PART_SAMPLE = "within a tick: CgroupTable.sample"
-PART_DRAIN = "within a tick: RingSet.drain"
 PART_READ_BACK = "every 2 s within a tick: CgroupTable.read_back (reconcile)"
+# The parts of a tick that PartClock times: (label, object, method).
+SAMPLE, DRAIN, WINDOW, POLICY, APPLY, READ_BACK = (
+    "CgroupTable.sample (C)", "RingSet.drain (C)", "RingSet.take_window (C)",
+    "policy.decide (numpy)", "CgroupTable.apply (C)", "CgroupTable.read_back (C)")
+PARTS = (SAMPLE, DRAIN, WINDOW, POLICY, APPLY, READ_BACK)
+REST = "Python around them (controller, fleet)"
+PROFILED = (SENSE, WRITE_ALL)
 TARGET_S = 0.1
 LATENCIES_S = (0.05, 0.1, 0.2)  # beats, meets, misses TARGET_S
 RECORDS_PER_TICK = 4
@@ -100,9 +107,73 @@ def controller_for(dirs: list[Path], mount: Path) -> Iterator[tuple[Controller, 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[Row]:
-    rows = []
+def part_case(case: str, part: str) -> str:
+    """The row of one part of the ticks of `case`."""
+    return f"{part}, within: {case}"
+
+
+class PartClock:
+    """Times the parts of Controller.tick: wraps the methods that the tick calls on the
+    controller's fleet and policy (instance attributes hide the class's methods)."""
+
+    def __init__(self, controller: Controller) -> None:
+        f = controller.fleet
+        self.spent = dict.fromkeys(PARTS, 0)
+        for label, obj, name in ((SAMPLE, f.table, "sample"), (DRAIN, f.rings, "drain"),
+                                 (WINDOW, f.rings, "take_window"),
+                                 (POLICY, controller.policy, "decide"),
+                                 (APPLY, f.table, "apply"), (READ_BACK, f.table, "read_back")):
+            setattr(obj, name, self._timed(label, getattr(obj, name)))
+
+    def _timed(self, label: str, method: Callable[..., object]) -> Callable[..., object]:
+        spent = self.spent
+
+        def timed(*args: object, **kwargs: object) -> object:
+            start = time.perf_counter_ns()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter_ns() - start
+        return timed
+
+    def reset(self) -> None:
+        for label in self.spent:
+            self.spent[label] = 0
+
+
+def profile(tick: Callable[[], None], setup: Callable[[], object], clock: PartClock,
+            repeats: int, budget_s: float) -> tuple[list[float], dict[str, list[float]]]:
+    """Seconds of each timed tick (one per repeat, after `setup`), and of each part in it."""
+    setup()
+    tick()  # warm-up
+    whole: list[float] = []
+    parts: dict[str, list[float]] = {label: [] for label in (*PARTS, REST)}
+    deadline = time.perf_counter() + budget_s
+    while len(whole) < repeats and (len(whole) < MIN_REPEATS
+                                    or time.perf_counter() < deadline):
+        setup()
+        clock.reset()
+        start = time.perf_counter_ns()
+        tick()
+        spent = time.perf_counter_ns() - start
+        whole.append(spent * 1e-9)
+        for label, ns in clock.spent.items():
+            parts[label].append(ns * 1e-9)
+        parts[REST].append((spent - sum(clock.spent.values())) * 1e-9)
+    return whole, parts
+
+
+def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
+        ) -> list[Row | NotMeasured]:
+    rows: list[Row | NotMeasured] = []
     for n in ns:
+        if FDS_PER_CONTAINER * n > cgroups.fd_room:
+            rows.append(NotMeasured(
+                PART, f"a whole tick at N={n:,} on {cgroups.where}",
+                f"needs {FDS_PER_CONTAINER * n:,} open files (cpu.stat, cpu.max and the ring "
+                f"of each container); the limit here leaves {cgroups.fd_room:,}",
+                "the other place's figures at this N"))
+            continue
         with controller_for(cgroups.dirs[:n], cgroups.mount) as (controller, producers):
             def tick(c: Controller = controller) -> None:
                 c.tick(time.monotonic())
@@ -120,24 +191,24 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float) -> list[
 
             force_decide()
             tick()  # the first round also saves each cgroup's original cpu.max
-            cases: list[tuple[str, Callable[[], None], Callable[[], object]]] = [
-                (SENSE, tick, fill), (DECIDE, tick, force_decide),
-                (WRITE_ALL, tick, force_write_all)]
-            for case, fn, setup in cases:
+            clock = PartClock(controller)
+            cases: list[tuple[str, Callable[[], object]]] = [
+                (SENSE, fill), (DECIDE, force_decide), (WRITE_ALL, force_write_all)]
+            for case, setup in cases:
                 decisions = controller.counters.decisions
-                stats = measure(fn, setup=setup, repeats=repeats, budget_s=budget_s)
+                whole, parts = profile(tick, setup, clock, repeats, budget_s)
                 decided = controller.counters.decisions - decisions
                 if (case == SENSE) != (decided == 0):
                     raise RuntimeError(f"{case}: {decided} policy rounds ran")
-                rows.append(Row.of(PART, case, stats, where=cgroups.where, n=n, per="tick",
+                rows.append(Row.of(PART, case, summarize(whole), where=cgroups.where, n=n,
+                                   per="tick",
                                    note=f"{RECORDS_PER_TICK} records per ring per tick"))
-            fleet = controller.fleet
-            parts = [(SUMMARY, controller.summary, None),
-                     (PART_SAMPLE, fleet.table.sample, None),
-                     (PART_DRAIN, fleet.rings.drain, fill),
-                     (PART_READ_BACK, fleet.table.read_back, None)]
-            for case, fn, setup in parts:
-                rows.append(Row.of(PART, case, measure(fn, setup=setup, repeats=repeats,
-                                                       budget_s=budget_s),
+                if case in PROFILED:
+                    rows += [Row.of(PART, part_case(case, label), summarize(spent),
+                                    where=cgroups.where, n=n, per="tick", role="part")
+                             for label, spent in parts.items()]
+            for case, fn in ((SUMMARY, controller.summary),
+                             (PART_READ_BACK, controller.fleet.table.read_back)):
+                rows.append(Row.of(PART, case, measure(fn, repeats=repeats, budget_s=budget_s),
                                    where=cgroups.where, n=n, per="call"))
     return rows

@@ -72,7 +72,8 @@ def measure(fn: Callable[[], object], *, repeats: int, budget_s: float,
 @dataclass
 class Row:
     """One measured figure. `role` says how to read it: "ours" (dqoes-cg's path),
-    "baseline" (another way to do the same job) or "floor" (a lower bound for ours).
+    "baseline" (another way to do the same job), "floor" (a lower bound for ours) or
+    "part" (the share of one step in figures of "ours" measured at the same time).
     `versus` names the row of the same part, place and n its ratio is taken against
     (median / that median): a baseline against ours, ours against a floor."""
 

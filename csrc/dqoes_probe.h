@@ -10,6 +10,11 @@
  *     dqoes_probe_record(probe, dqoes_probe_now_ns() - start);
  *     dqoes_probe_close(probe);                            // at exit, after the last record
  *
+ * A training job reports its evaluation value (loss, accuracy...) after each step or epoch
+ * instead, or as well:
+ *
+ *     dqoes_probe_progress(probe, loss);
+ *
  * A record costs one clock read, one atomic add and four stores: no lock, no system call.
  * Any number of threads (and of processes forked after the open) may record through one
  * handle. Without a valid ring at the path, recording is a no-op; about once a second the
@@ -54,6 +59,16 @@
 #define DQOES_RING_ENV "DQOES_RING"
 #define DQOES_PROBE_RECHECK_NS 1000000000ULL /* how often a probe looks at its path again */
 
+/* A slot's end_ns word holds a record kind in its top four bits and a CLOCK_MONOTONIC time
+ * (< 2^60 ns, 36 years) below them. Kind 0 is a latency record: its word is the plain end
+ * time, as every version-1 producer writes it. Other kinds set the top bit, which makes
+ * the time absurdly far ahead for readers that predate them: they count such a record as
+ * invalid and go on. */
+#define DQOES_RING_KIND_SHIFT 60
+#define DQOES_RING_TIME_MASK ((1ULL << DQOES_RING_KIND_SHIFT) - 1)
+#define DQOES_RING_KIND_LATENCY 0u
+#define DQOES_RING_KIND_PROGRESS 8u /* latency_ns holds the bits of a finite IEEE double */
+
 /* Host byte order. Each group of fields that changes at run time has its own cache line. */
 struct dqoes_ring_header {
     uint64_t magic;         /* DQOES_RING_MAGIC */
@@ -72,8 +87,9 @@ struct dqoes_ring_header {
 /* Two slots per cache line; a slot never straddles one. */
 struct dqoes_ring_slot {
     uint64_t seq;        /* position + 1, stored last (release): the slot is published */
-    uint64_t end_ns;     /* CLOCK_MONOTONIC time the request ended */
-    uint64_t latency_ns; /* its response time, 0 < latency_ns <= DQOES_RING_MAX_LATENCY_NS */
+    uint64_t end_ns;     /* the kind, then the CLOCK_MONOTONIC time the request ended */
+    uint64_t latency_ns; /* its response time, 0 < latency_ns <= DQOES_RING_MAX_LATENCY_NS;
+                          * for a progress record, the value's bits */
     uint64_t check;      /* dqoes_ring_check(seq, end_ns, latency_ns): exposes torn slots */
 };
 
@@ -213,39 +229,67 @@ static inline int dqoes_probe_attached(struct dqoes_probe *p) {
     return p != NULL && __atomic_load_n(&p->map, __ATOMIC_ACQUIRE) != NULL;
 }
 
+/* The ring the probe writes into, after looking at its path again if that is due; NULL
+ * while there is none. */
+static inline struct dqoes_probe_map *dqoes_probe_ring(struct dqoes_probe *p, uint64_t now_ns) {
+    if (now_ns >= __atomic_load_n(&p->next_check_ns, __ATOMIC_RELAXED))
+        dqoes_probe_recheck(p, now_ns);
+    return __atomic_load_n(&p->map, __ATOMIC_ACQUIRE);
+}
+
+/* Claims the next slot and publishes the record (end word, payload) in it. */
+static inline void dqoes_probe_write(struct dqoes_probe_map *m, uint64_t end_word,
+                                     uint64_t payload) {
+    struct dqoes_ring_slot *s;
+    uint64_t pos = __atomic_fetch_add(&m->header->write_counter, 1, __ATOMIC_RELAXED);
+    /* The claim becomes visible before any store to the slot: a reader that sees our data
+     * also sees the counter that tells it whether the slot was being rewritten. */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    s = &m->slots[pos & m->mask];
+    __atomic_store_n(&s->end_ns, end_word, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->latency_ns, payload, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->check, dqoes_ring_check(pos + 1, end_word, payload), __ATOMIC_RELAXED);
+    __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
+}
+
 /* Records a request that ended at end_ns (from dqoes_probe_now_ns) after latency_ns. A
  * latency of 0 or above DQOES_RING_MAX_LATENCY_NS is not written but counted as dropped. */
 static inline void dqoes_probe_record_end(struct dqoes_probe *p, uint64_t end_ns,
                                           uint64_t latency_ns) {
     struct dqoes_probe_map *m;
-    struct dqoes_ring_slot *s;
-    uint64_t pos;
-    if (p == NULL)
+    if (p == NULL || (m = dqoes_probe_ring(p, end_ns)) == NULL)
         return;
-    if (end_ns >= __atomic_load_n(&p->next_check_ns, __ATOMIC_RELAXED))
-        dqoes_probe_recheck(p, end_ns);
-    m = __atomic_load_n(&p->map, __ATOMIC_ACQUIRE);
-    if (m == NULL)
-        return;
-    if (latency_ns == 0 || latency_ns > DQOES_RING_MAX_LATENCY_NS) {
+    if (latency_ns == 0 || latency_ns > DQOES_RING_MAX_LATENCY_NS)
         __atomic_fetch_add(&m->header->dropped, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    pos = __atomic_fetch_add(&m->header->write_counter, 1, __ATOMIC_RELAXED);
-    /* The claim becomes visible before any store to the slot: a reader that sees our data
-     * also sees the counter that tells it whether the slot was being rewritten. */
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    s = &m->slots[pos & m->mask];
-    __atomic_store_n(&s->end_ns, end_ns, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->latency_ns, latency_ns, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->check, dqoes_ring_check(pos + 1, end_ns, latency_ns), __ATOMIC_RELAXED);
-    __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
+    else
+        dqoes_probe_write(m, end_ns, latency_ns);
 }
 
 /* Records a request that just ended after latency_ns. */
 static inline void dqoes_probe_record(struct dqoes_probe *p, uint64_t latency_ns) {
     if (p != NULL)
         dqoes_probe_record_end(p, dqoes_probe_now_ns(), latency_ns);
+}
+
+/* Records a training job's evaluation value (its loss, accuracy...) as of at_ns (from
+ * dqoes_probe_now_ns). A value that is not finite is not written but counted as dropped. */
+static inline void dqoes_probe_progress_at(struct dqoes_probe *p, uint64_t at_ns, double value) {
+    struct dqoes_probe_map *m;
+    uint64_t bits;
+    if (p == NULL || (m = dqoes_probe_ring(p, at_ns)) == NULL)
+        return;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7FF0000000000000ULL) == 0x7FF0000000000000ULL || at_ns > DQOES_RING_TIME_MASK)
+        __atomic_fetch_add(&m->header->dropped, 1, __ATOMIC_RELAXED); /* NaN or infinite */
+    else
+        dqoes_probe_write(m, (uint64_t)DQOES_RING_KIND_PROGRESS << DQOES_RING_KIND_SHIFT | at_ns,
+                          bits);
+}
+
+/* Records a training job's evaluation value now. */
+static inline void dqoes_probe_progress(struct dqoes_probe *p, double value) {
+    if (p != NULL)
+        dqoes_probe_progress_at(p, dqoes_probe_now_ns(), value);
 }
 
 /* Unmaps the ring. No thread may use the handle any more. */

@@ -16,4 +16,6 @@ void dq_probe_record_ns(struct dqoes_probe *p, int64_t latency_ns) {
     dqoes_probe_record(p, latency_ns > 0 ? (uint64_t)latency_ns : 0);
 }
 
+void dq_probe_progress(struct dqoes_probe *p, double value) { dqoes_probe_progress(p, value); }
+
 uint64_t dq_probe_now_ns(void) { return dqoes_probe_now_ns(); }

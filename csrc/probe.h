@@ -16,6 +16,8 @@ int dq_probe_attached(struct dqoes_probe *p);
  * large) is counted as dropped in the ring's header instead of being written. */
 void dq_probe_record_seconds(struct dqoes_probe *p, double seconds);
 void dq_probe_record_ns(struct dqoes_probe *p, int64_t latency_ns);
+/* dqoes_probe_progress: a value that is not finite is counted as dropped. */
+void dq_probe_progress(struct dqoes_probe *p, double value);
 uint64_t dq_probe_now_ns(void);
 
 #endif

@@ -1,35 +1,44 @@
-#define _GNU_SOURCE /* O_PATH */
+#define _GNU_SOURCE /* O_PATH, renameat2 */
 #include "ring.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* What, in a ring's directory, can make its path name another file than the one opened
- * (or nothing): an entry created, deleted or moved (over), an attribute (permission)
- * changed, the directory itself moved or deleted. Writes are not watched: a truncation
- * or growth is seen by fstat on the open file. Only a directory is watched, and not
- * through a symlink (re-pointing it would go unseen). */
-#define DIR_EVENTS                                                                         \
-    (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | IN_DELETE_SELF |    \
-     IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW)
+/* What can happen to a ring's file other than through a mapping (producers write through
+ * theirs, which raises no event), through whatever link: modified by a system call (a
+ * truncation, a growth, a write, a hole punched), an attribute changed (its mode, or its
+ * link count: a link made, or the path unlinked or renamed over), moved, deleted. The path
+ * cannot name another file without one of these happening to the file mapped. */
+#define FILE_EVENTS (IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF)
 
-/* Directories with events that one drain tells apart; beyond, it checks every ring. */
-#define MAX_CHANGED_DIRS 64
+/* Rings with events that one drain tells apart; beyond, it checks every ring. */
+#define MAX_CHANGED 64
+
+/* How many rings ahead a drain asks the processor to fetch a ring's header (and twice as
+ * far, its reader). */
+#define PREFETCH_AHEAD 4
 
 struct reader {
-    int fd; /* -1 while closed */
+    const struct dqoes_ring_header *header; /* the read-only mapping; NULL while closed */
+    const struct dqoes_ring_slot *slots;
+    int fd; /* the file mapped, kept to watch it by descriptor; -1 while closed */
     char *path;
     dev_t dev;
     ino_t ino;
-    /* The inotify watch on the path's directory (-1: none, the path is looked up at every
-     * drain), and whether the next drain must look the path up (and watch again). */
+    /* The inotify watch on the file (-1: none, the path is looked up at every drain), and
+     * whether the next drain must look the path up (and watch again). */
     int wd;
     int suspect;
     uint64_t read_pos;     /* next position to read */
@@ -39,10 +48,15 @@ struct reader {
      * stalled_span slots from it on were claimed. */
     int stalled;
     uint64_t stalled_pos, stalled_span, stalled_since_ns;
-    /* The window: exact count, sum and max, and the histogram (DQ_RING_NBUCKETS counts). */
+    /* The window's latencies: exact count, sum and max, and the histogram
+     * (DQ_RING_NBUCKETS counts, of which lo..hi may be non-zero). */
     uint64_t count, max_ns;
     unsigned __int128 sum_ns;
+    unsigned lo, hi;
     uint64_t *hist;
+    /* The window's progress records: count, the earliest and the latest. */
+    uint64_t progress, first_ns, last_ns;
+    double first_value, last_value;
 };
 
 struct dq_ring_table {
@@ -52,11 +66,86 @@ struct dq_ring_table {
     uint64_t *counters;
     int8_t *status;
     int8_t *last_fault;
-    struct dqoes_ring_slot *scratch; /* capacity slots: where pread copies a ring */
+    struct dqoes_ring_slot *scratch; /* capacity slots: where a drain copies new slots */
     uint64_t *hist;                  /* n * DQ_RING_NBUCKETS */
     struct reader *readers;
-    int inotify_fd; /* -1: none, every drain looks up every ring's path */
+    int inotify_fd;         /* -1: none, every drain looks up every ring's path */
+    volatile size_t cursor; /* the ring a drain is reading, where a SIGBUS brings it back */
 };
+
+/* The SIGBUS guard. While a drain reads a ring's mapping (guard.lo to guard.hi), a SIGBUS
+ * in that thread is a page that the container took away (it truncated the file) or that
+ * the filesystem cannot back (it punched a hole and the filesystem is full): the handler
+ * jumps back to the drain, which closes that ring. Any other SIGBUS is not ours: the
+ * handler puts back the one installed before it and lets the fault happen again there (or
+ * sends the signal again), so that a fault anywhere else crashes the process as it would
+ * have without us, with Python's faulthandler report if that was installed. Drains of all
+ * tables take turns: there is one jump buffer. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_t owner; /* the draining thread */
+    volatile sig_atomic_t active;
+    const char *volatile lo, *volatile hi;
+    sigjmp_buf env;
+    struct sigaction previous;
+    volatile sig_atomic_t chained;
+} guard = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void on_sigbus(int sig, siginfo_t *info, void *context) {
+    const char *addr = (const char *)info->si_addr;
+    struct sigaction fallback;
+    (void)context;
+    /* si_code <= 0: sent, not a fault; here, by a handler installed above ours after it
+     * saw our fault (it gives up the signal and raises it again). */
+    if (guard.active && pthread_equal(guard.owner, pthread_self()) &&
+        (info->si_code <= 0 || (addr >= guard.lo && addr < guard.hi)))
+        siglongjmp(guard.env, 1);
+    if (!guard.chained) {
+        guard.chained = 1;
+        sigaction(sig, &guard.previous, NULL);
+    } else { /* the previous handler handed it back to us: end the loop */
+        memset(&fallback, 0, sizeof fallback);
+        fallback.sa_handler = SIG_DFL;
+        sigaction(sig, &fallback, NULL);
+    }
+    /* A fault happens again when we return, into the handler now in place; a signal that
+     * was sent is sent again (it is blocked until we return). */
+    if (info->si_code <= 0)
+        raise(sig);
+}
+
+/* Installs on_sigbus, unless it is the handler in place; the one in place is kept to pass
+ * on what is not ours. */
+static void guard_install(void) {
+    struct sigaction now, ours;
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_sigbus;
+    ours.sa_flags = SA_SIGINFO;
+    sigemptyset(&ours.sa_mask);
+    pthread_mutex_lock(&guard.lock);
+    if (sigaction(SIGBUS, NULL, &now) == 0 &&
+        !((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus)) {
+        guard.previous = now;
+        guard.chained = 0;
+        sigaction(SIGBUS, &ours, NULL);
+    }
+    pthread_mutex_unlock(&guard.lock);
+}
+
+/* Guards the reads of r's mapping that follow, until guard_off. */
+static inline void guard_on(const struct reader *r, uint64_t size) {
+    guard.lo = (const char *)r->header;
+    guard.hi = (const char *)r->header + size;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    guard.active = 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+static inline void guard_off(void) {
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    guard.active = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
 
 uint64_t dq_ring_file_size(uint64_t capacity) {
     if (capacity < DQOES_RING_MIN_CAPACITY || capacity > DQOES_RING_MAX_CAPACITY ||
@@ -105,31 +194,35 @@ dq_ring_table *dq_ring_table_new(size_t n, uint64_t capacity, uint64_t *counters
         t->readers[i].hist = t->hist + i * DQ_RING_NBUCKETS;
         status[i] = DQ_RING_UNUSED;
     }
+    guard_install();
     return t;
 }
 
-/* Removes watch wd. Other rings in that directory shared it: the IN_IGNORED it queues
+/* Removes watch wd. Other entries on the same file shared it: the IN_IGNORED it queues
  * has them watch again at the next drain. */
 static void unwatch(dq_ring_table *t, int wd) {
     if (wd >= 0 && t->inotify_fd >= 0)
         inotify_rm_watch(t->inotify_fd, wd);
 }
 
-/* Watches the directory that r's path now goes through, in place of r's previous watch.
- * Done before the path is looked up, so that a change is seen either by that lookup or by
- * the watch. No watch (no inotify, the watch limit reached, a directory reached through a
- * symlink): the path is looked up at every drain. */
+/* Watches the file r mapped (by its descriptor: the very file, whatever the path names
+ * now), in place of r's previous watch. Done before the path is looked up, so that a change
+ * is seen either by that lookup or by the watch. No watch (no inotify, the watch limit
+ * reached, the ring's directory reached through a symlink, which could be re-pointed
+ * unseen): the path is looked up at every drain. */
 static void watch(dq_ring_table *t, struct reader *r) {
-    char *slash = strrchr(r->path, '/');
-    int old = r->wd;
+    char fd_path[64], *slash = strrchr(r->path, '/');
+    struct stat st;
+    int old = r->wd, linked = 0;
     r->wd = -1;
-    if (t->inotify_fd >= 0 && slash == NULL) {
-        r->wd = inotify_add_watch(t->inotify_fd, ".", DIR_EVENTS);
-    } else if (t->inotify_fd >= 0) {
-        char *end = slash == r->path ? slash + 1 : slash, c = *end; /* "/ring": "/" */
-        *end = '\0';
-        r->wd = inotify_add_watch(t->inotify_fd, r->path, DIR_EVENTS);
-        *end = c;
+    if (slash != NULL && slash != r->path) {
+        *slash = '\0';
+        linked = lstat(r->path, &st) != 0 || S_ISLNK(st.st_mode);
+        *slash = '/';
+    }
+    if (t->inotify_fd >= 0 && !linked) {
+        snprintf(fd_path, sizeof fd_path, "/proc/self/fd/%d", r->fd);
+        r->wd = inotify_add_watch(t->inotify_fd, fd_path, FILE_EVENTS);
     }
     if (old != r->wd)
         unwatch(t, old);
@@ -137,8 +230,12 @@ static void watch(dq_ring_table *t, struct reader *r) {
 
 static void close_reader(dq_ring_table *t, struct reader *r) {
     int wd = r->wd;
+    if (r->header != NULL)
+        munmap((void *)r->header, t->file_size);
     if (r->fd >= 0)
         close(r->fd);
+    r->header = NULL;
+    r->slots = NULL;
     r->fd = -1;
     r->wd = -1;
     unwatch(t, wd);
@@ -181,20 +278,34 @@ static int fault_of_errno(int err) {
                                            : DQ_RING_IO_ERROR;
 }
 
-/* Reads the header; returns DQ_RING_OK or the fault. */
-static int read_header(const dq_ring_table *t, int fd, struct dqoes_ring_header *h) {
-    if (pread(fd, h, sizeof *h, 0) != (ssize_t)sizeof *h)
-        return DQ_RING_IO_ERROR;
-    if (!dqoes_ring_header_ok(h, t->file_size) || h->capacity != t->capacity)
-        return DQ_RING_BAD_HEADER;
+/* What st says of the file at a ring's path, against the file r mapped (r NULL: none yet):
+ * DQ_RING_OK or the fault. A ring must be fully allocated: a page first touched after the
+ * filesystem filled up would fault its producers (or the reader). */
+static int judge_file(const dq_ring_table *t, const struct reader *r, const struct stat *st) {
+    if (!S_ISREG(st->st_mode))
+        return DQ_RING_NOT_REGULAR;
+    if (r != NULL && (st->st_dev != r->dev || st->st_ino != r->ino))
+        return DQ_RING_REPLACED;
+    if ((uint64_t)st->st_size != t->file_size || (uint64_t)st->st_blocks * 512 < t->file_size)
+        return DQ_RING_BAD_SIZE;
     return DQ_RING_OK;
 }
 
-/* Opens the ring at r->path: through an O_PATH descriptor, which opens nothing (no FIFO
- * blocks, no device wakes), so that only a regular file is ever opened for reading. */
+/* Looks r's path up: DQ_RING_OK if it still names the file mapped, unchanged, else the fault. */
+static int look_up(const dq_ring_table *t, const struct reader *r) {
+    struct stat st;
+    if (fstatat(AT_FDCWD, r->path, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return fault_of_errno(errno);
+    return judge_file(t, r, &st);
+}
+
+/* Opens and maps the ring at r->path: through an O_PATH descriptor, which opens nothing
+ * (no FIFO blocks, no device wakes), so that only a regular file is ever opened. Its
+ * header, as read, goes to h. */
 static int open_ring(const dq_ring_table *t, struct reader *r, struct dqoes_ring_header *h) {
     struct stat st;
     char proc_path[64];
+    void *base;
     int fd, code, pfd = open(r->path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
     if (pfd < 0)
         return fault_of_errno(errno);
@@ -202,20 +313,31 @@ static int open_ring(const dq_ring_table *t, struct reader *r, struct dqoes_ring
         close(pfd);
         return DQ_RING_IO_ERROR;
     }
-    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != t->file_size) {
+    if ((code = judge_file(t, NULL, &st)) != DQ_RING_OK) {
         close(pfd);
-        return S_ISREG(st.st_mode) ? DQ_RING_BAD_SIZE : DQ_RING_NOT_REGULAR;
+        return code;
     }
     snprintf(proc_path, sizeof proc_path, "/proc/self/fd/%d", pfd);
     fd = open(proc_path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     close(pfd);
     if (fd < 0)
         return fault_of_errno(errno);
-    if ((code = read_header(t, fd, h)) != DQ_RING_OK) {
+    if (pread(fd, h, sizeof *h, 0) != (ssize_t)sizeof *h) {
         close(fd);
-        return code;
+        return DQ_RING_IO_ERROR;
+    }
+    if (!dqoes_ring_header_ok(h, t->file_size) || h->capacity != t->capacity) {
+        close(fd);
+        return DQ_RING_BAD_HEADER;
+    }
+    base = mmap(NULL, t->file_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        close(fd);
+        return DQ_RING_IO_ERROR;
     }
     r->fd = fd;
+    r->header = (const struct dqoes_ring_header *)base;
+    r->slots = (const struct dqoes_ring_slot *)((const char *)base + DQOES_RING_HEADER_SIZE);
     r->dev = st.st_dev;
     r->ino = st.st_ino;
     return DQ_RING_OK;
@@ -261,6 +383,8 @@ int dq_ring_adopt(dq_ring_table *dst, size_t i, dq_ring_table *src, size_t j) {
         dst->counters[k * dst->n + i] = src->counters[k * src->n + j];
     dst->status[i] = src->status[j];
     dst->last_fault[i] = src->last_fault[j];
+    from->header = NULL; /* the mapping and the file are dst's now */
+    from->slots = NULL;
     from->fd = -1;
     from->path = NULL;
     src->status[j] = DQ_RING_UNUSED;
@@ -296,12 +420,12 @@ static double bucket_value(unsigned b) {
            (double)((1ULL << shift) - 1) / 2.0;
 }
 
-/* Marks suspect the rings whose directory reported a change since the last drain: every
- * ring after a queue overflow, a failed read or changes in too many directories. */
+/* Marks suspect the rings whose file reported a change since the last drain: every ring
+ * after a queue overflow, a failed read or changes to too many files. */
 static void note_changes(dq_ring_table *t) {
     char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
     const struct inotify_event *ev;
-    int changed[MAX_CHANGED_DIRS], all = 0;
+    int changed[MAX_CHANGED], all = 0;
     size_t nchanged = 0;
     ssize_t len;
     if (t->inotify_fd < 0)
@@ -312,7 +436,7 @@ static void note_changes(dq_ring_table *t) {
             ev = (const struct inotify_event *)(void *)p;
             while (k < nchanged && changed[k] != ev->wd)
                 k++;
-            if ((ev->mask & IN_Q_OVERFLOW) || (k == nchanged && nchanged == MAX_CHANGED_DIRS))
+            if ((ev->mask & IN_Q_OVERFLOW) || (k == nchanged && nchanged == MAX_CHANGED))
                 all = 1;
             else if (k == nchanged)
                 changed[nchanged++] = ev->wd;
@@ -327,64 +451,110 @@ static void note_changes(dq_ring_table *t) {
     }
 }
 
-/* Checks that r->path still names the file opened, unchanged in size, and reads its
- * header; returns DQ_RING_OK or the fault. Unless its directory changed (or is not
- * watched), the path still names the file opened: fstat of that file then gives the same
- * answer without a path lookup. */
-static int check_file(dq_ring_table *t, struct reader *r, struct dqoes_ring_header *h) {
-    struct stat st;
-    int lookup = r->suspect || r->wd < 0;
+/* Whether r's path still names the file mapped, unchanged: looked up only if the file
+ * reported a change (or is not watched); otherwise nothing can have replaced, truncated
+ * or grown it. DQ_RING_OK or the fault. */
+static int check_file(dq_ring_table *t, struct reader *r) {
+    if (!r->suspect && r->wd >= 0)
+        return DQ_RING_OK;
     if (r->suspect)
         watch(t, r);
     r->suspect = 0;
-    if ((lookup ? fstatat(AT_FDCWD, r->path, &st, AT_SYMLINK_NOFOLLOW) : fstat(r->fd, &st)) != 0)
-        return fault_of_errno(errno);
-    if (!S_ISREG(st.st_mode))
-        return DQ_RING_NOT_REGULAR;
-    if (st.st_dev != r->dev || st.st_ino != r->ino)
-        return DQ_RING_REPLACED;
-    if ((uint64_t)st.st_size != t->file_size)
-        return DQ_RING_BAD_SIZE;
-    return read_header(t, r->fd, h);
+    return look_up(t, r);
 }
 
 /* Copies the n slots from position pos on (wrapping around) to the start of scratch. */
-static int copy_slots(dq_ring_table *t, int fd, uint64_t pos, uint64_t n) {
+static void copy_slots(dq_ring_table *t, const struct reader *r, uint64_t pos, uint64_t n) {
     uint64_t at = pos & (t->capacity - 1);
     uint64_t first = at + n <= t->capacity ? n : t->capacity - at;
-    size_t len1 = first * DQOES_RING_SLOT_SIZE, len2 = (n - first) * DQOES_RING_SLOT_SIZE;
-    if (pread(fd, t->scratch, len1, (off_t)(DQOES_RING_HEADER_SIZE + at * DQOES_RING_SLOT_SIZE)) !=
-            (ssize_t)len1 ||
-        (len2 && pread(fd, t->scratch + first, len2, DQOES_RING_HEADER_SIZE) != (ssize_t)len2))
-        return DQ_RING_IO_ERROR;
-    return DQ_RING_OK;
+    memcpy(t->scratch, r->slots + at, first * DQOES_RING_SLOT_SIZE);
+    if (n > first)
+        memcpy(t->scratch + first, r->slots, (n - first) * DQOES_RING_SLOT_SIZE);
 }
 
-/* Reads entry i's new slots into its window; returns the number of records accepted.
- * Positions count modulo 2^64: only differences between them are compared. */
-static uint64_t drain_one(dq_ring_table *t, size_t i, uint64_t now_ns,
+static void add_latency(struct reader *r, uint64_t lat) {
+    unsigned b = bucket_of(lat);
+    r->lo = r->count == 0 || b < r->lo ? b : r->lo;
+    r->hi = r->count == 0 || b > r->hi ? b : r->hi;
+    r->hist[b]++;
+    r->count++;
+    r->sum_ns += lat;
+    r->max_ns = lat > r->max_ns ? lat : r->max_ns;
+}
+
+static void add_progress(struct reader *r, uint64_t at_ns, double value) {
+    if (r->progress == 0 || at_ns < r->first_ns) {
+        r->first_ns = at_ns;
+        r->first_value = value;
+    }
+    if (r->progress == 0 || at_ns >= r->last_ns) {
+        r->last_ns = at_ns;
+        r->last_value = value;
+    }
+    r->progress++;
+}
+
+/* Reads entry i's new slots into its window; returns the number of latency records
+ * accepted.
+ * Positions count modulo 2^64: only differences between them are compared. Every read of
+ * the mapping comes before any change to the entry, so that a SIGBUS on the way (which
+ * leaves this function for good) loses nothing but this drain of this ring. */
+static uint64_t drain_one(dq_ring_table *t, size_t i, uint64_t now_ns, uint64_t read_ns,
                           struct dq_ring_record *out, uint64_t out_len, uint64_t *captured) {
     struct reader *r = &t->readers[i];
+    const struct dqoes_ring_header *h = r->header;
     const uint64_t cap = t->capacity;
-    struct dqoes_ring_header h;
-    uint64_t write_pos, write_after, start, n, k, ahead, end_limit, read_ns, lost = 0;
-    uint64_t accepted = 0, torn = 0, invalid = 0;
+    uint64_t write_pos, write_after, start, n, k, ahead, end_limit, dropped, lost = 0;
+    uint64_t accepted = 0, progress = 0, torn = 0, invalid = 0;
     int code;
 
     /* How far the counter may move: no producer claims more than one slot per nanosecond,
-     * timed from before the previous read of the counter to after this one (on the real
-     * clock: the reader may be preempted anywhere). A move backwards looks huge. */
-    read_ns = dqoes_probe_now_ns();
-    if ((code = check_file(t, r, &h)) != DQ_RING_OK) {
+     * timed from before the previous read of the counter (read_ns: the real clock at the
+     * start of the drain) to after this one (the reader may be preempted anywhere; the
+     * clock is read again only when the move is more than a lap). A move backwards looks
+     * huge. */
+    if ((code = check_file(t, r)) != DQ_RING_OK) {
         fault(t, i, code);
         return 0;
     }
-    t->counters[DQ_RING_PRODUCER_DROPPED * t->n + i] = h.dropped;
-    write_pos = h.write_counter;
+    guard_on(r, t->file_size);
+    if (!dqoes_ring_header_ok(h, t->file_size) || h->capacity != cap) {
+        guard_off();
+        fault(t, i, DQ_RING_BAD_HEADER);
+        return 0;
+    }
+    dropped = __atomic_load_n(&h->dropped, __ATOMIC_RELAXED);
+    write_pos = __atomic_load_n(&h->write_counter, __ATOMIC_ACQUIRE);
     start = r->read_pos;
     n = write_pos - start;
-    if (n > cap + (dqoes_probe_now_ns() - r->last_read_ns)) {
+    if (n == 0) { /* nothing new: the common case, a few loads */
+        guard_off();
+        t->counters[DQ_RING_PRODUCER_DROPPED * t->n + i] = dropped;
+        t->status[i] = DQ_RING_OK;
+        r->last_read_ns = read_ns;
+        return 0;
+    }
+    if (n > cap && n - cap > dqoes_probe_now_ns() - r->last_read_ns) {
+        guard_off();
+        t->counters[DQ_RING_PRODUCER_DROPPED * t->n + i] = dropped;
         resync(t, i, write_pos, read_ns);
+        return 0;
+    }
+    if (n > cap) {
+        lost = n - cap;
+        start = write_pos - cap;
+        n = cap;
+    }
+    copy_slots(t, r, start, n);
+    /* The counter read after the copy tells which slots a producer may have been
+     * rewriting meanwhile: those a full lap behind it. */
+    write_after = __atomic_load_n(&h->write_counter, __ATOMIC_ACQUIRE);
+    guard_off();
+
+    t->counters[DQ_RING_PRODUCER_DROPPED * t->n + i] = dropped;
+    if (write_after - write_pos > cap &&
+        write_after - write_pos - cap > dqoes_probe_now_ns() - read_ns) {
+        resync(t, i, write_after, read_ns);
         return 0;
     }
     r->last_read_ns = read_ns;
@@ -392,36 +562,16 @@ static uint64_t drain_one(dq_ring_table *t, size_t i, uint64_t now_ns,
     r->last_now_ns = now_ns > r->last_now_ns ? now_ns : r->last_now_ns;
     end_limit = now_ns + DQ_RING_END_SLACK_NS;
     t->status[i] = DQ_RING_OK;
-    if (n > cap) {
-        lost = n - cap;
-        start = write_pos - cap;
-        n = cap;
-    }
-    if (n == 0)
-        return 0;
-    if (copy_slots(t, r->fd, start, n) != DQ_RING_OK) {
-        fault(t, i, DQ_RING_IO_ERROR);
-        return 0;
-    }
-    /* The counter read after the copy tells which slots a producer may have been
-     * rewriting meanwhile: those a full lap behind it. */
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (pread(r->fd, &write_after, sizeof write_after,
-              offsetof(struct dqoes_ring_header, write_counter)) != (ssize_t)sizeof write_after) {
-        fault(t, i, DQ_RING_IO_ERROR);
-        return 0;
-    }
-    if (write_after - write_pos > cap + (dqoes_probe_now_ns() - read_ns)) {
-        resync(t, i, write_after, read_ns);
-        return 0;
-    }
     ahead = write_after - start;
     k = ahead > cap ? (ahead - cap < n ? ahead - cap : n) : 0;
     lost += k;
     for (; k < n; k++) {
         const struct dqoes_ring_slot *s = &t->scratch[k];
-        const uint64_t pos = start + k, lat = s->latency_ns;
-        if (s->seq != pos + 1 || s->check != dqoes_ring_check(s->seq, s->end_ns, lat)) {
+        const uint64_t pos = start + k, word = s->end_ns, payload = s->latency_ns;
+        const uint64_t at = word & DQOES_RING_TIME_MASK;
+        const unsigned kind = (unsigned)(word >> DQOES_RING_KIND_SHIFT);
+        double value;
+        if (s->seq != pos + 1 || s->check != dqoes_ring_check(s->seq, word, payload)) {
             /* Not published yet, or torn. Wait for it until the next drain at least
              * DQ_RING_STALL_NS later; then give up on it and on every slot that was
              * already claimed when it was first seen (their producers died or never
@@ -438,23 +588,27 @@ static uint64_t drain_one(dq_ring_table *t, size_t i, uint64_t now_ns,
             r->stalled_since_ns = r->last_now_ns;
             break;
         }
-        if (lat == 0 || lat > DQOES_RING_MAX_LATENCY_NS || s->end_ns > end_limit) {
+        memcpy(&value, &payload, sizeof value);
+        if (at > end_limit) {
             invalid++;
-            continue;
+        } else if (kind == DQOES_RING_KIND_LATENCY && payload != 0 &&
+                   payload <= DQOES_RING_MAX_LATENCY_NS) {
+            add_latency(r, payload);
+            if (out != NULL && *captured < out_len)
+                out[*captured] = (struct dq_ring_record){
+                    .ring = (uint32_t)i, .end_ns = at, .latency_ns = payload};
+            (*captured)++;
+            accepted++;
+        } else if (kind == DQOES_RING_KIND_PROGRESS && isfinite(value)) {
+            add_progress(r, at, value);
+            progress++;
+        } else {
+            invalid++;
         }
-        r->hist[bucket_of(lat)]++;
-        r->count++;
-        r->sum_ns += lat;
-        r->max_ns = lat > r->max_ns ? lat : r->max_ns;
-        if (out != NULL && *captured < out_len) {
-            out[*captured] = (struct dq_ring_record){
-                .ring = (uint32_t)i, .end_ns = s->end_ns, .latency_ns = lat};
-        }
-        (*captured)++;
-        accepted++;
     }
     r->read_pos = start + k;
     t->counters[DQ_RING_RECORDS * t->n + i] += accepted;
+    t->counters[DQ_RING_PROGRESS * t->n + i] += progress;
     t->counters[DQ_RING_LOST_OVERRUN * t->n + i] += lost;
     t->counters[DQ_RING_TORN * t->n + i] += torn;
     t->counters[DQ_RING_INVALID * t->n + i] += invalid;
@@ -463,21 +617,56 @@ static uint64_t drain_one(dq_ring_table *t, size_t i, uint64_t now_ns,
 
 uint64_t dq_ring_drain(dq_ring_table *t, uint64_t now_ns, struct dq_ring_record *out,
                        uint64_t out_len) {
-    uint64_t accepted = 0, captured = 0;
+    volatile uint64_t accepted = 0, captured = 0; /* kept across a jump back */
+    const uint64_t read_ns = dqoes_probe_now_ns();
+    sigset_t sigbus;
     note_changes(t);
-    for (size_t i = 0; i < t->n; i++)
-        if (t->readers[i].fd >= 0)
-            accepted += drain_one(t, i, now_ns, out, out_len, &captured);
+    pthread_mutex_lock(&guard.lock);
+    guard.owner = pthread_self();
+    t->cursor = 0;
+    if (sigsetjmp(guard.env, 0) != 0) { /* (no signal mask saved: that is a system call) */
+        guard_off();
+        sigemptyset(&sigbus);
+        sigaddset(&sigbus, SIGBUS);
+        pthread_sigmask(SIG_UNBLOCK, &sigbus, NULL); /* blocked in the handler we left */
+        /* Truncated (the usual case) or not backed: the path tells which. */
+        fault(t, t->cursor, look_up(t, &t->readers[t->cursor]) == DQ_RING_OK
+                                ? DQ_RING_IO_ERROR
+                                : DQ_RING_BAD_SIZE);
+        t->cursor++;
+    }
+    for (size_t i; (i = t->cursor) < t->n; t->cursor = i + 1) {
+        uint64_t c = captured;
+        /* Each ring is a few cache misses in its own pages, which nothing makes the
+         * processor fetch ahead: ask for the rings a little further on meanwhile. */
+        if (i + 2 * PREFETCH_AHEAD < t->n)
+            __builtin_prefetch(&t->readers[i + 2 * PREFETCH_AHEAD]);
+        if (i + PREFETCH_AHEAD < t->n && t->readers[i + PREFETCH_AHEAD].header != NULL)
+            __builtin_prefetch(t->readers[i + PREFETCH_AHEAD].header);
+        if (t->readers[i].header == NULL)
+            continue;
+        accepted += drain_one(t, i, now_ns, read_ns, out, out_len, &c);
+        captured = c;
+    }
+    pthread_mutex_unlock(&guard.lock);
     return accepted;
 }
 
-void dq_ring_take_window(dq_ring_table *t, int64_t *count, double *stats) {
+void dq_ring_take_window(dq_ring_table *t, int64_t *count, double *stats, int64_t *progress,
+                         double *progress_value, uint64_t *progress_ns) {
     static const unsigned percent[] = {50, 90, 95, 99};
     const size_t n = t->n;
     for (size_t i = 0; i < n; i++) {
         struct reader *r = &t->readers[i];
         uint64_t c = r->count, seen = 0;
-        unsigned b = 0;
+        unsigned b = r->lo;
+        int some = r->progress != 0;
+        progress[i] = (int64_t)r->progress;
+        progress_value[DQ_RING_FIRST * n + i] = some ? r->first_value : NAN;
+        progress_value[DQ_RING_LAST * n + i] = some ? r->last_value : NAN;
+        progress_ns[DQ_RING_FIRST * n + i] = some ? r->first_ns : 0;
+        progress_ns[DQ_RING_LAST * n + i] = some ? r->last_ns : 0;
+        r->progress = 0;
         count[i] = (int64_t)c;
         if (c == 0) {
             for (int k = 0; k < DQ_RING_NSTATS; k++)
@@ -496,8 +685,88 @@ void dq_ring_take_window(dq_ring_table *t, int64_t *count, double *stats) {
             v = bucket_value(b);
             stats[(DQ_RING_P50 + q) * n + i] = (v < max ? v : max) / 1e9;
         }
-        memset(r->hist, 0, DQ_RING_NBUCKETS * sizeof *r->hist);
+        memset(r->hist + r->lo, 0, (r->hi - r->lo + 1) * sizeof *r->hist);
         r->count = r->max_ns = 0;
         r->sum_ns = 0;
     }
+}
+
+static int is_dot(const char *name) {
+    return name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
+}
+
+/* Empties directory name (in junk) as far as *spent < budget allows: its files, symlinks
+ * and FIFOs are removed there, its directories moved up into junk under fresh names
+ * (never over an existing entry), so that no walk goes deeper than one level. One unit of
+ * budget per entry, or one for a directory that cannot be opened. Returns how many
+ * entries were removed or moved. */
+static unsigned empty_into(int junk, const char *name, unsigned budget, unsigned *spent) {
+    static uint64_t serial;
+    struct dirent *e;
+    unsigned done = 0;
+    DIR *d = NULL;
+    int fd = openat(junk, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 || (d = fdopendir(fd)) == NULL) {
+        if (fd >= 0)
+            close(fd);
+        (*spent)++;
+        return 0;
+    }
+    while (*spent < budget && (e = readdir(d)) != NULL) {
+        char to[32];
+        if (is_dot(e->d_name))
+            continue;
+        (*spent)++;
+        if (e->d_type != DT_DIR && unlinkat(fd, e->d_name, 0) == 0) {
+            done++;
+            continue;
+        }
+        snprintf(to, sizeof to, "h%llx",
+                 (unsigned long long)__atomic_fetch_add(&serial, 1, __ATOMIC_RELAXED));
+        done += renameat2(fd, e->d_name, junk, to, RENAME_NOREPLACE) == 0;
+    }
+    closedir(d);
+    return done;
+}
+
+int dq_ring_sweep(const char *dir, unsigned budget) {
+    unsigned spent = 0, done = 0, done_before = 0;
+    struct dirent *e;
+    int seen = 0, junk, dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d;
+    if (dirfd < 0)
+        return 0;
+    junk = openat(dirfd, DQ_RING_JUNK_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (junk < 0 || (d = fdopendir(junk)) == NULL) {
+        if (junk >= 0)
+            close(junk);
+        close(dirfd);
+        return 0;
+    }
+    while (spent < budget) {
+        if ((e = readdir(d)) == NULL) {
+            /* Entries moved up may come after the end: read again, if this pass did
+             * something and found something. */
+            if (!seen || done == done_before)
+                break;
+            rewinddir(d);
+            done_before = done;
+            seen = 0;
+            continue;
+        }
+        if (is_dot(e->d_name))
+            continue;
+        seen = 1;
+        spent++;
+        if ((e->d_type != DT_DIR && unlinkat(junk, e->d_name, 0) == 0) ||
+            unlinkat(junk, e->d_name, AT_REMOVEDIR) == 0)
+            done++;
+        else if (errno == ENOTEMPTY || errno == EEXIST)
+            done += empty_into(junk, e->d_name, budget, &spent);
+    }
+    closedir(d);
+    if (!seen) /* a whole pass found it empty */
+        unlinkat(dirfd, DQ_RING_JUNK_DIR, AT_REMOVEDIR);
+    close(dirfd);
+    return seen && done;
 }

@@ -11,6 +11,8 @@
 
     probe.record(0.042)           # a latency measured elsewhere, in seconds
 
+    probe.progress(loss)          # a training job: its evaluation value after a step or epoch
+
 A record is one C call (clock read, atomic add, four stores). Without a ring at the path
 (outside dqoes-cg), or without the compiled extension, recording does nothing, so the
 service runs unchanged; the probe looks at the path again about once a second and attaches
@@ -71,6 +73,13 @@ class Probe:
         """`record` for a latency in integer nanoseconds."""
         if self._handle is not None:
             lib.dq_probe_record_ns(self._handle, nanoseconds)
+
+    def progress(self, value: float) -> None:
+        """Records a training job's evaluation value (loss, accuracy...) now. A value that
+        is not finite (NaN, infinite) is not written but counted in the ring's dropped
+        counter."""
+        if self._handle is not None:
+            lib.dq_probe_progress(self._handle, value)
 
     def measure(self) -> Measure:
         """Times a `with` block, or every call of a function it decorates, and records it

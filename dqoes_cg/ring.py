@@ -1,14 +1,16 @@
 """Latency rings, daemon side (sense): create each container's ring, drain all of them in
 one C call per tick, and turn the window since the last `take_window` into per-container
-latency statistics.
+latency statistics and, for training jobs, their progress records.
 
 The daemon owns the rings: it creates `<run_dir>/rings/<name>/ring` with `create_ring`, and
 the user bind-mounts that directory into the container at /run/dqoes, where the producers
-(`dqoes_cg.probe`, `csrc/dqoes_probe.h`) find it. A ring is hostile input: the reader never
-maps it, never follows a symlink there, and a ring that fails only changes its own entry's
+(`dqoes_cg.probe`, `csrc/dqoes_probe.h`) find it. A ring is hostile input: the reader maps
+it read-only and turns a container truncating it under the mapping into a fault of that
+ring, never follows a symlink there, and a ring that fails only changes its own entry's
 status and counters. `RingSet` re-creates a failed ring itself, at most once per
-`recreate_interval`; producers switch to the new file within a second. Format, protocol
-and error bounds: docs/ring-format.md.
+`recreate_interval`; producers switch to the new file within a second. What a container
+leaves in its ring's place is set aside in one rename and removed a bounded amount per
+drain. Format, protocol and error bounds: docs/ring-format.md.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ import hashlib
 import logging
 import os
 import re
-import shutil
+import secrets
 import stat
-import tempfile
 import time
 import weakref
 from collections.abc import Sequence
@@ -44,6 +45,10 @@ MIN_CAPACITY = lib.DQOES_RING_MIN_CAPACITY
 MAX_CAPACITY = lib.DQOES_RING_MAX_CAPACITY
 RECREATE_INTERVAL = 10.0
 """Seconds between two re-creations of the same failed ring."""
+JUNK_DIR = ffi.string(lib.DQ_RING_JUNK_DIR).decode()
+"""Where `create_ring` sets aside, in the ring's directory, a directory found in its place."""
+SWEEP_BUDGET = 128
+"""Entries of set-aside junk one drain may remove or move (dq_ring_sweep)."""
 
 STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 """The rows of `RingSet.stats` (the C `DQ_RING_*` rows), which `WindowStats` names."""
@@ -91,50 +96,85 @@ def ring_path(run_dir: Path, name: str) -> Path:
 
 
 def create_ring(path: Path, capacity: int = DEFAULT_CAPACITY) -> None:
-    """Creates a fresh, empty ring at `path`, replacing whatever is there (a ring, a symlink
-    or a FIFO is replaced, not followed; a directory is removed), and its directory (mode
-    0755) if needed. The file is built under a temporary name and renamed into place, so a
-    producer never sees it half made; mode 0666 lets any user in the container record."""
+    """Creates a fresh, empty ring at `path`, and its directory (mode 0755) if needed.
+
+    The file is fully allocated (a page first touched once the filesystem is full would
+    fault a producer), built under a temporary name and renamed into place, so that a
+    producer never sees it half made; mode 0666 lets any user in the container record.
+    Whatever is at `path` is replaced without being followed or opened: a file, symlink or
+    FIFO by the rename; a directory, however large or deep, is first moved into JUNK_DIR
+    (one rename), which `sweep_junk` empties later a bounded amount at a time. Everything
+    happens inside the ring's directory, which may be a filesystem of its own: it needs
+    room for two rings while the old one is still mapped. OSError if the ring cannot be
+    made (ENOSPC: then nothing at `path` has changed)."""
     size = lib.dq_ring_file_size(capacity)
     if size == 0:
         raise ValueError(f"ring capacity must be a power of two in [{MIN_CAPACITY}, "
                          f"{MAX_CAPACITY}], not {capacity}")
     path = Path(path)
-    directory = path.parent
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-    if not stat.S_ISDIR(os.lstat(directory).st_mode):
-        raise NotADirectoryError(f"{directory} is not a directory")
-    os.chmod(directory, 0o755)  # whatever the umask: any uid in the container reaches the ring
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     header = ffi.new("char[]", lib.DQOES_RING_HEADER_SIZE)
     lib.dq_ring_format_header(header, capacity)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    dirfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        os.fchmod(fd, 0o666)
-        os.ftruncate(fd, size)
-        os.pwrite(fd, ffi.buffer(header), 0)
-        if _is_directory(path):
-            shutil.rmtree(path)  # a rename cannot replace a directory
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):  # the container may have moved it
-            os.unlink(tmp)
-        raise
+        os.fchmod(dirfd, 0o755)  # whatever the umask: any uid in the container reaches the ring
+        tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dirfd)
+        try:
+            os.fchmod(fd, 0o666)
+            os.posix_fallocate(fd, 0, size)
+            os.pwrite(fd, ffi.buffer(header), 0)
+            if stat.S_ISDIR(_lstat_mode(path.name, dirfd)):
+                _set_aside(path.name, dirfd)  # a rename cannot replace a directory
+            os.rename(tmp, path.name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the container may have moved it
+                os.unlink(tmp, dir_fd=dirfd)
+            raise
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        os.close(dirfd)
 
 
-def _is_directory(path: Path) -> bool:
+def sweep_junk(directory: Path, budget: int = SWEEP_BUDGET) -> bool:
+    """Removes up to about `budget` entries of what `create_ring` set aside in `directory`
+    (no recursion, no symlink followed, however deep the tree). True while junk is left and
+    this call made progress: call it again later."""
+    return bool(lib.dq_ring_sweep(os.fsencode(directory), budget))
+
+
+def _lstat_mode(name: str, dirfd: int) -> int:
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
+        return os.lstat(name, dir_fd=dirfd).st_mode
     except FileNotFoundError:
-        return False
+        return 0
+
+
+def _set_aside(name: str, dirfd: int) -> None:
+    """Moves entry `name` of the directory into its JUNK_DIR, under a fresh name."""
+    mode = _lstat_mode(JUNK_DIR, dirfd)
+    if mode and not stat.S_ISDIR(mode):
+        os.unlink(JUNK_DIR, dir_fd=dirfd)  # a file, symlink or FIFO planted there
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(JUNK_DIR, 0o700, dir_fd=dirfd)
+    junk = os.open(JUNK_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   dir_fd=dirfd)
+    try:
+        os.rename(name, f"{name}.{secrets.token_hex(8)}", src_dir_fd=dirfd, dst_dir_fd=junk)
+    finally:
+        os.close(junk)
 
 
 @dataclass(eq=False)
 class WindowStats:
-    """Per-ring latency over one window, in seconds (NaN where `count` is 0): exact count,
-    mean and max; percentiles within 1.6% (docs/ring-format.md). `take_window` refills the
-    same arrays: copy what must outlive the next call."""
+    """Per-ring records of one window. Latencies, in seconds (NaN where `count` is 0):
+    exact count, mean and max; percentiles within 1.6% (docs/ring-format.md). Progress
+    records (a training job's evaluation value): their number, and the value and time
+    (CLOCK_MONOTONIC ns) of the earliest and the latest of them (NaN and 0 where
+    `progress` is 0). `take_window` refills the same arrays: copy what must outlive the
+    next call."""
 
     count: np.ndarray
     mean: np.ndarray
@@ -145,6 +185,11 @@ class WindowStats:
     max: np.ndarray
     start_ns: int
     end_ns: int
+    progress: np.ndarray
+    first_value: np.ndarray
+    last_value: np.ndarray
+    first_ns: np.ndarray
+    last_ns: np.ndarray
 
     @property
     def seconds(self) -> float:
@@ -156,8 +201,9 @@ class RingSet:
 
     `drain()` every sample tick reads all rings in one C call; `take_window()` when the
     policy runs gives the statistics of the records drained since the previous one. The
-    per-ring counters (`records`, `lost_overrun`, `torn`, `invalid`, `faults`,
-    `producer_dropped`, uint64) only grow; `status` and `last_fault` hold `Status` codes
+    per-ring counters (`records` of latencies, `progress` records, `lost_overrun`, `torn`,
+    `invalid`, `faults`, `producer_dropped`, uint64) only grow; `status` and `last_fault`
+    hold `Status` codes
     (`last_fault` 0: none yet). `stats` holds the last window's statistics, one row per
     name in STATS. Arrays are updated in place, never rebound. Membership
     changes build a new set with `adopt=old`, which carries the open rings, positions,
@@ -185,29 +231,46 @@ class RingSet:
         self._table = table
         self._free = weakref.finalize(self, lib.dq_ring_table_free, table)
         (self.records, self.lost_overrun, self.torn, self.invalid, self.faults,
-         self.producer_dropped) = (self._counters[row] for row in (
+         self.producer_dropped, self.progress) = (self._counters[row] for row in (
              lib.DQ_RING_RECORDS, lib.DQ_RING_LOST_OVERRUN, lib.DQ_RING_TORN,
-             lib.DQ_RING_INVALID, lib.DQ_RING_FAULTS, lib.DQ_RING_PRODUCER_DROPPED))
+             lib.DQ_RING_INVALID, lib.DQ_RING_FAULTS, lib.DQ_RING_PRODUCER_DROPPED,
+             lib.DQ_RING_PROGRESS))
 
         opened = now if adopt is None else adopt._window.end_ns  # the current window's start
         self.stats = np.full((len(STATS), n), np.nan)
-        count = np.zeros(n, np.int64)
+        count, progress = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        values, times = np.full((2, n), np.nan), np.zeros((2, n), np.uint64)
         self._window_ptrs = (ffi.from_buffer("int64_t[]", count),
-                             ffi.from_buffer("double[]", self.stats))
-        self._window = WindowStats(count, *self.stats, start_ns=opened, end_ns=opened)
+                             ffi.from_buffer("double[]", self.stats),
+                             ffi.from_buffer("int64_t[]", progress),
+                             ffi.from_buffer("double[]", values),
+                             ffi.from_buffer("uint64_t[]", times))
+        self._window = WindowStats(count, *self.stats, start_ns=opened, end_ns=opened,
+                                   progress=progress, first_value=values[lib.DQ_RING_FIRST],
+                                   last_value=values[lib.DQ_RING_LAST],
+                                   first_ns=times[lib.DQ_RING_FIRST],
+                                   last_ns=times[lib.DQ_RING_LAST])
         self._recreate = recreate
         self._recreate_interval_ns = int(recreate_interval * 1e9)
         self._retry_ns = np.zeros(n, np.int64)
+        self._junk: set[int] = set()  # entries whose directory holds set-aside junk
 
         shared = {} if adopt is None else {p: j for j, p in enumerate(adopt.paths) if p}
+        swept = set() if adopt is None else {adopt.paths[j] for j in adopt._junk}
         for i, path in enumerate(self.paths):
             if path is None:
                 continue
             if path in shared and lib.dq_ring_adopt(table, i, adopt._table, shared[path]) == 0:
+                if path in swept:
+                    self._junk.add(i)
                 continue
+            if os.path.lexists(path.parent / JUNK_DIR):
+                self._junk.add(i)
             if recreate and not os.path.lexists(path):
-                with contextlib.suppress(OSError):  # else _recover retries and logs
+                try:
                     create_ring(path, capacity)  # a new container: not a fault
+                except Exception as e:  # one ring's failure is that ring's alone
+                    log.warning("ring %s: cannot create it: %s", path, e)
             lib.dq_ring_attach(table, i, os.fsencode(path), now)
         if adopt is not None:
             adopt.close()
@@ -217,9 +280,10 @@ class RingSet:
         return len(self.paths)
 
     def drain(self, now_ns: int | None = None, records: np.ndarray | None = None) -> int:
-        """Reads every ring's new records into the current window; returns how many were
-        accepted. `records` (a RECORD_DTYPE array) also receives the first len(records)
-        of them. `now_ns`: CLOCK_MONOTONIC (time.monotonic_ns), the default."""
+        """Reads every ring's new records into the current window; returns how many latency
+        records were accepted (progress records: see `progress`). `records` (a RECORD_DTYPE
+        array) also receives the first len(records) of them. `now_ns`: CLOCK_MONOTONIC
+        (time.monotonic_ns), the default."""
         self._check_open()
         now = time.monotonic_ns() if now_ns is None else now_ns
         if records is None:
@@ -231,6 +295,8 @@ class RingSet:
             accepted = lib.dq_ring_drain(self._table, now, out, len(records))
         if self.status.max(initial=0) >= CLOSED:
             self._recover(now)
+        if self._junk:
+            self._sweep()
         return accepted
 
     def take_window(self, now_ns: int | None = None) -> WindowStats:
@@ -257,11 +323,25 @@ class RingSet:
                 continue
             try:
                 create_ring(path, self.capacity)
-            except OSError as e:
+            except Exception as e:  # one ring's failure is that ring's alone
                 log.warning("ring %s: %s, cannot re-create it: %s", path, fault, e)
                 continue
+            finally:
+                self._junk.add(int(i))
             status = Status(lib.dq_ring_attach(self._table, i, os.fsencode(path), now_ns))
             log.warning("ring %s: %s, re-created (%s)", path, fault, status.name)
+
+    def _sweep(self) -> None:
+        """One bounded step of removing the junk set aside in one ring's directory."""
+        i = min(self._junk)
+        path = self.paths[i]
+        try:
+            more = path is not None and sweep_junk(path.parent)
+        except Exception as e:  # one ring's failure is that ring's alone
+            log.warning("ring %s: cannot remove what was set aside: %s", path, e)
+            more = False
+        if not more:
+            self._junk.discard(i)
 
     def _check_open(self) -> None:
         if not self._free.alive:

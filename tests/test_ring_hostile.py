@@ -8,6 +8,8 @@ import errno
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -15,17 +17,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dqoes_cg._native import lib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dqoes_cg.probe import Probe
-from dqoes_cg.ring import RECORD_DTYPE, RingSet, Status, create_ring, ring_path
+from dqoes_cg.ring import (
+    JUNK_DIR,
+    RECORD_DTYPE,
+    SWEEP_BUDGET,
+    RingSet,
+    Status,
+    create_ring,
+    ring_path,
+)
 from tests.ringfile import HEADER, SLOT, RawWriter
 
 CAPACITY = 64
 SIZE = HEADER + CAPACITY * SLOT
 MAX_LATENCY_NS = 3600 * 10**9
 TICK_NS = 10**9
+ROOT = Path(__file__).resolve().parent.parent
+TMPFS = "/dev/shm" if os.path.isdir("/dev/shm") else None  # where rings live: /run is tmpfs
 
 
 class Host:
@@ -57,10 +70,11 @@ class Host:
         self.received += records[records["ring"] == 1]["latency_ns"].tolist()
         assert self.received == list(range(1, self.sent + 1))
         assert self.rings.status[1] == Status.OK
-        assert self.rings._counters[:, 1].tolist() == [self.sent, 0, 0, 0, 0, 0]
+        assert self.rings._counters[:, 1].tolist() == [self.sent, 0, 0, 0, 0, 0, 0]
         assert set(self.rings.status.tolist()) <= set(Status)
         grown = self.rings._counters.astype(np.int64) - self.counters.astype(np.int64)
-        assert (grown[:-1] >= 0).all()  # all but the header's dropped counter only grow
+        grown[lib.DQ_RING_PRODUCER_DROPPED] = 0  # the header's counter, as read
+        assert (grown >= 0).all()
         self.counters = self.rings._counters.copy()
         return records[records["ring"] == 0]
 
@@ -73,6 +87,10 @@ class Host:
             assert stats[0] > 0 and stats == sorted(stats) and stats[-1] <= 3600
             assert 0 < w.mean[i] <= w.max[i]
         assert np.isnan(w.p50[w.count == 0]).all()
+        some = w.progress > 0
+        assert np.isfinite(w.first_value[some]).all() and np.isfinite(w.last_value[some]).all()
+        assert (w.first_ns[some] <= w.last_ns[some]).all()
+        assert np.isnan(w.first_value[~some]).all() and (w.last_ns[~some] == 0).all()
 
     def recovers(self) -> None:
         """Once the container behaves again, its records come through exactly."""
@@ -93,7 +111,7 @@ class Host:
 
 @pytest.fixture
 def host() -> Iterator[Host]:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=TMPFS) as tmp:
         h = Host(Path(tmp))
         yield h
         h.close()
@@ -152,6 +170,9 @@ operations = st.one_of(
     st.tuples(st.just("slot"), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
               st.integers(0, 2**64 - 1)),
     st.tuples(st.just("records"), st.lists(st.integers(-5, 2 * MAX_LATENCY_NS), max_size=90)),
+    st.tuples(st.just("progress"), st.lists(st.floats(), max_size=20)),
+    st.tuples(st.just("kind"), st.integers(0, 15), st.integers(-2 * 10**9, 3 * 10**9),
+              st.integers(0, 2**64 - 1)),
     st.tuples(st.just("truncate"), st.integers(0, 2 * SIZE)),
     st.tuples(st.just("swap"), st.sampled_from(KINDS)),
     st.tuples(st.just("window")),
@@ -176,6 +197,15 @@ def apply(host: Host, op: tuple) -> None:
         with Probe.open(path) as probe:  # never left mapped: a truncation would hit us
             for ns in op[1]:
                 probe.record_ns(ns)
+    elif kind == "progress":
+        with Probe.open(path) as probe:
+            for value in op[1]:
+                probe.progress(value)
+    elif kind == "kind" and regular and os.path.getsize(path) >= HEADER:
+        # A well-formed slot of any kind, time (around the reader's clock) and payload.
+        raw = RawWriter(path, CAPACITY)
+        at = max(host.now_ns + TICK_NS + op[2], 0)
+        raw.publish(raw.claim(), op[3], end_ns=op[1] << 60 | at)
     elif kind == "truncate" and os.path.lexists(path):
         try:
             os.truncate(path, op[1])
@@ -249,3 +279,213 @@ def test_a_ring_that_stops_being_written_is_simply_quiet(host: Host) -> None:
         assert len(host.tick()) == 0
     assert host.rings.status[0] == Status.OK and host.rings.faults[0] == 0
     assert host.rings.take_window().count.tolist() == [1, 3 + 1]
+
+
+# ---- what a container plants at its ring path ---------------------------------------------
+
+def plant_deep_tree(path: Path, depth: int) -> None:
+    """A directory `depth` levels deep at path, built through directory descriptors (its
+    full path is longer than PATH_MAX), with a symlink out and a FIFO at the bottom."""
+    path.mkdir()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.symlink("/", "root", dir_fd=fd)
+    os.mkfifo("fifo", dir_fd=fd)
+    os.close(fd)
+
+
+def plant_many_files(path: Path, count: int, victim: Path) -> None:
+    """A directory of count files at path, with a symlink to a directory outside, a
+    symlink to a file outside and a FIFO."""
+    path.mkdir()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    for k in range(count):
+        os.close(os.open(f"f{k}", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.symlink(victim, "dir-out", dir_fd=fd)
+    os.symlink(victim / "precious", "file-out", dir_fd=fd)
+    os.mkfifo("fifo", dir_fd=fd)
+    os.close(fd)
+
+
+def entries(path: Path) -> int:
+    """Entries under path (not following symlinks), counted without recursion."""
+    count, stack = 0, [os.open(path, os.O_RDONLY | os.O_DIRECTORY)]
+    while stack:
+        fd = stack.pop()
+        for entry in os.scandir(fd):
+            count += 1
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                     dir_fd=fd))
+        os.close(fd)
+    return count
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir=TMPFS) as tmp:
+        yield Path(tmp)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A directory outside every ring's, which nothing may touch."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"precious")
+    return outside
+
+
+def drain_until_swept(rings: RingSet, junk: Path, checked: int = 3) -> int:
+    """Drains until the junk is gone, checking over the first `checked` drains that none
+    removes more than SWEEP_BUDGET entries of it; returns the number of drains."""
+    left = entries(junk)
+    for drains in range(1, left + 2):
+        rings.drain()
+        if not junk.exists():
+            return drains
+        if drains <= checked:
+            now = entries(junk)
+            assert left - now <= SWEEP_BUDGET  # bounded work per drain
+            left = now
+    raise AssertionError(f"{junk} is still there after {left + 1} drains")
+
+
+def test_a_deep_tree_at_the_ring_path_is_set_aside_then_removed_bit_by_bit(
+        host: Host, victim: Path) -> None:
+    """1,500 levels: re-creating the ring is one rename (no recursion), and each drain
+    removes a bounded part of the tree, however deep, without following its symlink."""
+    host.tick()
+    _remove(host.hostile)
+    plant_deep_tree(host.hostile, 1500)
+    host.tick()  # re-creates the ring: the tree is set aside, a first part removed
+    assert host.rings.last_fault[0] == Status.NOT_REGULAR
+    assert host.hostile.is_file() and os.path.getsize(host.hostile) == SIZE
+    junk = host.hostile.parent / JUNK_DIR
+    assert 1503 - SWEEP_BUDGET <= entries(junk) < 1503
+    assert drain_until_swept(host.rings, junk) > 1
+    assert sorted(p.name for p in host.hostile.parent.iterdir()) == ["ring"]
+    assert (victim / "precious").read_bytes() == b"precious"
+    host.recovers()
+
+
+def test_a_directory_of_100000_files_at_the_ring_path_costs_a_bounded_amount_per_drain(
+        host: Host, victim: Path) -> None:
+    host.tick()
+    _remove(host.hostile)
+    plant_many_files(host.hostile, 100_000, victim)
+    host.tick()
+    assert host.hostile.is_file() and host.rings.status[0] == Status.OK
+    junk = host.hostile.parent / JUNK_DIR
+    assert 100_004 - SWEEP_BUDGET <= entries(junk) < 100_004
+    drain_until_swept(host.rings, junk)
+    assert sorted(victim.iterdir()) == [victim / "precious"]
+    assert (victim / "precious").read_bytes() == b"precious"
+    host.recovers()
+
+
+@pytest.mark.parametrize("depth", [1500, 5000])
+def test_the_daemon_starts_over_a_deep_tree_at_a_ring_path(tmpfs: Path, depth: int) -> None:
+    """What dqoesd does at start-up: create_ring where no valid ring is, then a ring set
+    over the paths; neither recurses into the tree."""
+    path = ring_path(tmpfs, "planted")
+    path.parent.mkdir(parents=True)
+    plant_deep_tree(path, depth)
+    create_ring(path, CAPACITY)
+    assert path.is_file()
+    _remove(path)
+    plant_deep_tree(path, depth)
+    with RingSet([path], CAPACITY) as rings:
+        assert rings.status[0] == Status.OK
+        with Probe.open(path) as probe:
+            probe.record_ns(42)
+        assert rings.drain() == 1
+        drain_until_swept(rings, path.parent / JUNK_DIR)
+
+
+@pytest.mark.parametrize("planted", ["symlink to a directory", "file", "fifo"])
+def test_a_junk_name_planted_in_advance_leads_nowhere(host: Host, victim: Path,
+                                                      planted: str) -> None:
+    """Something else than a directory where the junk goes is replaced, never followed."""
+    host.tick()
+    junk = host.hostile.parent / JUNK_DIR
+    if planted == "symlink to a directory":
+        junk.symlink_to(victim)
+    elif planted == "file":
+        junk.write_bytes(b"x")
+    else:
+        os.mkfifo(junk)
+    _remove(host.hostile)
+    plant_deep_tree(host.hostile, 300)  # more than one drain removes
+    host.tick()
+    assert host.hostile.is_file() and junk.is_dir() and not junk.is_symlink()
+    drain_until_swept(host.rings, junk)
+    assert sorted(victim.iterdir()) == [victim / "precious"]
+    host.recovers()
+
+
+def test_no_exception_from_one_ring_leaves_the_drain(host: Host,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever re-creating a ring raises, the drain goes on: that ring stays faulted and
+    is tried again at the next interval."""
+    def broken(path: Path, capacity: int) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    host.tick()
+    monkeypatch.setattr("dqoes_cg.ring.create_ring", broken)
+    _remove(host.hostile)
+    host.tick()
+    host.tick()
+    assert host.rings.status[0] == Status.MISSING
+    monkeypatch.undo()
+    host.recovers()
+
+
+# ---- a container that fills the rings' filesystem -----------------------------------------
+
+# In a mount namespace of its own, on a 1 MiB tmpfs: two containers' rings; container b
+# fills the filesystem; then container a's producer writes every slot of its ring.
+_FULL_FILESYSTEM = """
+import errno, os, subprocess, sys
+from pathlib import Path
+from dqoes_cg.probe import Probe
+from dqoes_cg.ring import create_ring
+root, capacity = Path(sys.argv[1]), int(sys.argv[2])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "rings", str(root)], check=True)
+a, b = root / "a" / "ring", root / "b" / "ring"
+create_ring(a, capacity)
+create_ring(b, capacity)
+fd = os.open(root / "b" / "filler", os.O_WRONLY | os.O_CREAT)
+try:
+    while os.write(fd, bytes(65536)):
+        pass
+except OSError as e:
+    assert e.errno == errno.ENOSPC
+probe = Probe.open(a)
+assert probe.attached
+for k in range(capacity):
+    probe.record_ns(k + 1)
+print("recorded", capacity)
+"""
+
+
+def test_a_full_filesystem_cannot_fault_a_neighbours_producer(tmp_path: Path) -> None:
+    """Rings are fully allocated when made: a producer never touches a page that the
+    filesystem would have to find room for."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1) to make a mount namespace")
+    command = [unshare, "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        command.insert(1, "--map-root-user")
+    capacity = 1 << 13  # 256 KiB: two rings take half of the filesystem
+    result = subprocess.run([*command, sys.executable, "-c", _FULL_FILESYSTEM, str(tmp_path),
+                             str(capacity)], cwd=ROOT, capture_output=True, text=True)
+    if "mount:" in result.stderr or "unshare:" in result.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert result.stdout.split() == ["recorded", str(capacity)]

@@ -1,6 +1,7 @@
-"""A drain looks up a ring's path only when its directory reported a change (inotify), and
-finds every replacement at the next drain all the same: for rings sharing a directory,
-adopted by a new set, in a directory that moved, after a lost event, or without a watch."""
+"""A drain looks up a ring's path only when its file reported a change (inotify), and finds
+every replacement, truncation or growth at the next drain all the same: for rings sharing a
+directory, adopted by a new set, in a directory that moved, changed through another link,
+after a lost event, or without a watch."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from dqoes_cg.ring import RingSet, Status, create_ring, ring_path
+from tests.ringfile import HEADER, SLOT
 
 CAPACITY = 64
+SIZE = HEADER + CAPACITY * SLOT
 
 
 @pytest.mark.parametrize("adopted", [False, True])
@@ -31,7 +34,10 @@ def test_a_healthy_ring_is_not_looked_up_at_every_drain(
     for _ in range(3):
         rings.drain()
         assert rings.status[0] == Status.OK
-    (tmp_path / path.parent / "junk").touch()  # a change in its directory
+    (tmp_path / path.parent / "junk").touch()  # what a container does beside it: no matter
+    rings.drain()
+    assert rings.status[0] == Status.OK
+    os.chmod(tmp_path / path, 0o666)  # a change to its file
     rings.drain()
     assert rings.status[0] == Status.MISSING
     rings.close()
@@ -91,6 +97,20 @@ def test_a_ring_in_a_directory_that_moved_is_watched_there(tmp_path: Path) -> No
         assert rings.status[0] == Status.REPLACED
 
 
+@pytest.mark.parametrize("size", [0, SIZE - 1, SIZE + 1])
+def test_a_ring_changed_through_another_link_is_looked_up(tmp_path: Path, size: int) -> None:
+    """A hard link in a subdirectory of the ring's: its events are the file's all the same."""
+    path = ring_path(tmp_path, "web")
+    create_ring(path, CAPACITY)
+    (path.parent / "sub").mkdir()
+    os.link(path, path.parent / "sub" / "alias")
+    with RingSet([path], CAPACITY, recreate=False) as rings:
+        rings.drain()
+        os.truncate(path.parent / "sub" / "alias", size)
+        rings.drain()
+        assert rings.status[0] == Status.BAD_SIZE
+
+
 def test_a_ring_reached_through_a_symlinked_directory_is_looked_up_at_every_drain(
         tmp_path: Path) -> None:
     """Its directory is not watched (a watch would stay on the symlink's old target)."""
@@ -107,8 +127,8 @@ def test_a_ring_reached_through_a_symlinked_directory_is_looked_up_at_every_drai
 
 
 def test_a_lost_event_still_has_the_ring_checked(tmp_path: Path) -> None:
-    """A container that floods its directory with events overflows the queue: the next
-    drain looks up every ring, and finds the replacement whose events were dropped."""
+    """A container that floods its ring with events overflows the queue: the next drain
+    looks up every ring, and finds the replacement whose events were dropped."""
     limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
     if limit > 100_000:
         pytest.skip(f"max_queued_events is {limit}: too slow to overflow")
@@ -117,16 +137,18 @@ def test_a_lost_event_still_has_the_ring_checked(tmp_path: Path) -> None:
         create_ring(path, CAPACITY)
     with RingSet([noisy, quiet], CAPACITY, recreate=False) as rings:
         rings.drain()
-        for k in range(limit // 2 + 1):
-            os.mkdir(noisy.parent / str(k))
-            os.rmdir(noisy.parent / str(k))
+        fd = os.open(noisy, os.O_WRONLY)
+        for _ in range(limit // 2 + 1):  # two kinds of event in turn: none merges
+            os.chmod(noisy, 0o666)
+            os.pwrite(fd, bytes(8), 32)  # reserved header bytes, zero
+        os.close(fd)
         create_ring(quiet, CAPACITY)
         rings.drain()
         assert rings.status.tolist() == [Status.OK, Status.REPLACED]
 
 
 def test_changes_in_many_directories_at_once_are_all_found(tmp_path: Path) -> None:
-    """More directories than one drain tells apart (64): it looks up every ring."""
+    """More rings than one drain tells apart (64): it looks up every ring."""
     paths = [ring_path(tmp_path, f"c{i}") for i in range(71)]
     for path in paths:
         create_ring(path, CAPACITY)
