@@ -128,15 +128,16 @@ class Testbed:
                            *["--hold"] * hold)
 
     def add_trainer(self, name: str, model: str, epochs: int | None = None, seed: int = 0,
-                    training: bool = True) -> Worker:
+                    training: bool = True, hold: bool = False) -> Worker:
         """A training job (lab.training) in cgroup <subtree>/<name>, reporting its loss;
-        with `training`, marked as a training job before it starts."""
+        with `training`, marked as a training job before it starts. With `hold`, it stops
+        before training until `release`."""
         target_name = self._cgroup(name)
         if training:
-            self.request("set-target", container=target_name, training=True, pending=False)
+            self.set_training(target_name)
         epochs_args = [] if epochs is None else ["--epochs", str(epochs)]
         return self._spawn(name, model, "lab.training", "--model", model, "--seed", str(seed),
-                           *epochs_args)
+                           *epochs_args, *["--hold"] * hold)
 
     def _cgroup(self, name: str) -> str:
         """Create cgroup <subtree>/<name> (if missing); its target's name."""
@@ -165,6 +166,9 @@ class Testbed:
         return self.request("set-target", container=name, target_s=target_s, metric=metric,
                             pending=False)
 
+    def set_training(self, name: str) -> dict[str, Any]:
+        return self.request("set-target", container=name, training=True, pending=False)
+
     def cpu_max(self, name: str) -> str:
         return (self.root / name / "cpu.max").read_text().strip()
 
@@ -184,10 +188,14 @@ class Testbed:
                     raise RuntimeError(f"worker {w.name} not ready within {timeout:.0f} s")
                 time.sleep(0.1)
 
-    def release(self, name: str, target_s: float | None = None, metric: str = "mean") -> None:
-        """A held worker arrives: its target (if any) is set, then it starts serving."""
+    def release(self, name: str, target_s: float | None = None, metric: str = "mean",
+                training: bool = False) -> None:
+        """A held worker arrives: its target (if any) is set, or it is marked as a training
+        job (`training`), then it starts serving or training."""
         worker = self.workers[name]
-        if target_s is not None:
+        if training:
+            self.set_training(worker.name)
+        elif target_s is not None:
             self.set_target(worker.name, target_s, metric)
         worker.proc.send_signal(signal.SIGCONT)
 
