@@ -136,6 +136,31 @@ def test_a_new_job_joins_nl() -> None:
     assert d.classes.tolist() == [NL, CL]
 
 
+def test_a_job_gone_quiet_is_left_out_of_the_round() -> None:
+    """A finished job whose cgroup stays (it reported before; no report, no CPU now) counts
+    in no list, n or floor: the last job running, in CL, is no longer held at the floor of
+    two jobs but competes freely."""
+    obs = jobs([NL, CL], [NAN, 0.1], usage=[0.0, 0.2])
+    d = one_round(obs)
+    assert d.classes.tolist() == [IDLE, CL] and d.totals["completing"] == 1
+    assert np.isnan(d.limits[0]) and np.isnan(d.score[0]) and d.limits[1] == 1.0
+    mixed = make_policy("dqoes")
+    mixed.resize(3)  # beside a service: the training budget goes to the live job alone
+    obs = jobs([NL, CL, IDLE], [NAN, 0.1, NAN], usage=[0.0, 0.2, 0.3], training=[1, 1, 0],
+               target=[NAN, NAN, 0.1], measured=[NAN, NAN, 0.05], limit=[1.0, 0.2, 0.3])
+    d = mixed.decide(obs, 0.0)
+    assert d is not None and d.classes[:2].tolist() == [IDLE, CL] and np.isnan(d.limits[0])
+    assert d.limits[1] == pytest.approx(d.totals["training_budget"])
+
+
+def test_a_new_job_that_used_no_cpu_yet_is_not_quiet() -> None:
+    obs = jobs([IDLE, CL], [NAN, 0.1], usage=[0.0, 0.5])
+    assert obs.eval_prev is not None
+    obs.eval_prev[0] = NAN  # it never reported
+    d = one_round(obs)
+    assert d.classes.tolist() == [NL, CL] and d.limits.tolist() == [1.0, 0.25]
+
+
 def test_minus_one_switches_the_lists_off() -> None:
     d = one_round(jobs([CL, CL], [10.0, 0.1]))  # a large G, but every job completes
     assert d.classes.tolist() == [CL, CL] and d.totals["threshold"] == -1.0

@@ -63,6 +63,12 @@ Readings taken where the paper is loose
   that makes no sense) keeps its list and takes no part in the threshold or Σ G; in NL or
   WL its limit is 1 (no G needed), in CL the floor. A job that never reports stays in NL:
   it competes as a new job does.
+- A job that has gone quiet (it reported before, but made no report and used no CPU in
+  the window: it finished, or is stopped, in a cgroup that outlives it) is left out of the
+  round, as the paper removes a finished job: it counts in no list, no n and no floor, its
+  limit is left alone and its class is IDLE. Otherwise a finished job whose cgroup stays
+  would keep its list for ever, and the last job running, in CL, would stay at the floor
+  of n jobs, the CPU idle. When it reports again it joins NL, as a new job.
 - "Free competition" when every job is in CL: every limit 1 on their own; beside inference
   services, the training budget shared evenly (the caps must add up to it).
 - The interval's ceiling is the daemon's iv_max (the paper gives none); its first value is
@@ -105,7 +111,7 @@ TRAINING_POLICY = "flowcon"
 """The policy of training jobs: the value of the label dqoes.policy that marks one."""
 
 # The lists as int8 scalars: an IntEnum compared with an int8 array is cast in buffers.
-NL, WL, CL = (np.int8(c) for c in (Cls.NL, Cls.WL, Cls.CL))
+NL, WL, CL, IDLE = (np.int8(c) for c in (Cls.NL, Cls.WL, Cls.CL, Cls.IDLE))
 
 
 class Round(NamedTuple):
@@ -131,6 +137,8 @@ class Workspace:
     ramp: FloatArray  # n - k at index k
     lists: Int8Array
     everyone: BoolArray  # all True: the training mask of a FlowCon on its own
+    active: BoolArray  # the training jobs of the round: not gone quiet
+    quiet: BoolArray
     valid: BoolArray  # a training job with a measured G
     low: BoolArray
     nl: BoolArray
@@ -149,7 +157,8 @@ class Workspace:
         return cls(progress=zeros(), growth=zeros(), nominal=zeros(), x=zeros(),
                    ordered=zeros(), prefix=zeros(), level=zeros(),
                    ramp=np.arange(n, 0, -1, dtype=np.float64), lists=np.zeros(n, np.int8),
-                   everyone=np.ones(n, dtype=bool), valid=flags(), low=flags(), nl=flags(),
+                   everyone=np.ones(n, dtype=bool), active=flags(), quiet=flags(),
+                   valid=flags(), low=flags(), nl=flags(),
                    wl=flags(), cl=flags(), flag=flags())
 
 
@@ -249,6 +258,28 @@ def lists_into(classes: Int8Array | None, mask: BoolArray, ws: Workspace) -> Non
     _masks(mask, ws)
 
 
+QUIET_USAGE = 1e-3
+"""A job that used at most this share of T_R over a window used no CPU (an empty cgroup
+reads a few microseconds at most)."""
+
+
+def quiet_into(obs: Observation, mask: BoolArray, ws: Workspace) -> BoolArray:
+    """The jobs of `mask` that have gone quiet (ws.quiet: reported before, no report and no
+    CPU in the window) and those of the round (returned: ws.active, the rest of `mask`)."""
+    assert obs.eval_prev is not None and obs.eval_last is not None
+    quiet, flag = ws.quiet, ws.flag
+    np.isnan(obs.eval_last, out=quiet)
+    np.isfinite(obs.eval_prev, out=flag)
+    np.logical_and(quiet, flag, out=quiet)
+    with np.errstate(invalid="ignore"):
+        np.less_equal(obs.usage, QUIET_USAGE, out=flag)
+    np.logical_and(quiet, flag, out=quiet)
+    np.logical_and(quiet, mask, out=quiet)
+    np.logical_not(quiet, out=ws.active)
+    np.logical_and(ws.active, mask, out=ws.active)
+    return ws.active
+
+
 def _masks(mask: BoolArray, ws: Workspace) -> None:
     for code, out in ((NL, ws.nl), (WL, ws.wl), (CL, ws.cl)):
         np.equal(ws.lists, code, out=out)
@@ -263,11 +294,16 @@ def round_into(obs: Observation, mask: BoolArray, ws: Workspace, limits_out: Flo
     T_R) into limits_out; other slots are not written. `budget` is what the caps may add
     up to, `floor` each job's least cap. `fill`: the caps are max-min fair shares of the
     budget (beside inference services); else each job's limit times the budget, at least
-    the floor (caps that CFS shares out). Allocates no arrays."""
+    the floor (caps that CFS shares out). Jobs gone quiet are left out (quiet_into): class
+    IDLE, score NaN, limit NaN (untouched). Allocates no arrays."""
     assert obs.eval_prev is not None and obs.eval_prev_at is not None
     assert obs.eval_last is not None and obs.eval_last_at is not None
     p, g, nominal, x, valid, low, flag = (ws.progress, ws.growth, ws.nominal, ws.x, ws.valid,
                                           ws.low, ws.flag)
+    mask = quiet_into(obs, mask, ws)
+    np.copyto(classes_out, IDLE, where=ws.quiet)
+    np.copyto(score_out, np.nan, where=ws.quiet)
+    np.copyto(limits_out, np.nan, where=ws.quiet)
     jobs = int(np.count_nonzero(mask))
     lists_into(obs.classes, mask, ws)
     progress_into(obs.eval_prev, obs.eval_prev_at, obs.eval_last, obs.eval_last_at, p, x,
