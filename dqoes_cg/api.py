@@ -1,7 +1,9 @@
 """The request API of the daemon: what each operation of the control protocol does, and
 which need write permission. Domain errors become one-line protocol errors here.
 
-    set-target    container, target_s, metric (default p95), pending (default false)
+    set-target    container, target_s, metric (default p95), pending (default false);
+                  training (default false): a training job, with neither target_s nor
+                  metric
     unset-target  container
     list
     status        container (optional)
@@ -19,6 +21,7 @@ from typing import Any
 
 from .control import Peer, RequestError
 from .controller import Controller
+from .labels import TRAINING_JOB, Objective
 from .state import StateError
 from .targets import TargetError
 
@@ -35,12 +38,21 @@ class Operation:
 
 def _set_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
     name = _name(req.get("container"))
-    pending = req.get("pending", False)
+    pending, training = req.get("pending", False), req.get("training", False)
     if not isinstance(pending, bool):
         raise RequestError("pending must be true or false")
-    target_s, metric = req.get("target_s"), req.get("metric", "p95")
-    listed = c.set_target(name, target_s, metric, pending)
-    log.info("%s: target %.6g s (%s), set by uid %d", name, target_s, metric, peer.uid)
+    if not isinstance(training, bool):
+        raise RequestError("training must be true or false")
+    if training:
+        objective = TRAINING_JOB
+        if req.get("target_s") is not None or req.get("metric") is not None:
+            raise RequestError("a training job has no target_s or metric")
+    else:
+        objective = Objective(req.get("target_s"), req.get("metric", "p95"))
+    listed = c.set_target(name, objective.target_s, objective.metric, pending,
+                          kind=objective.kind)
+    log.info("%s: %s, set by uid %d", name, Objective(listed.target_s, listed.metric,
+                                                       objective.kind), peer.uid)
     return listed.to_json()
 
 

@@ -49,9 +49,10 @@ from .cgroup import (
 from .cgtable import FDS_PER_CGROUP, CgroupTable, open_file_limit
 from .config import Config
 from .fleet import Fleet
+from .labels import Objective
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
-from .state import ENGINE_SOURCES, StateError, StateStore
+from .state import ENGINE_SOURCES, INFERENCE, StateError, StateStore
 from .status import Counters, Listing, Status, build, listing, refused
 from .systemd_units import UnitLimiter
 from .targets import Binder, ResolveMany, TargetError, Targets
@@ -249,7 +250,8 @@ class Controller:
         if current is not None and current.source not in ENGINE_SOURCES:
             if ring is not None and current.ring != ring:  # dqoesctl's target, its own ring
                 self._drop_engine_target(name, "", force=True)
-                self._add_engine_target(seen, current.target_s, current.metric, "cli", ring)
+                self._add_engine_target(
+                    seen, Objective(current.target_s, current.metric, current.kind), "cli", ring)
             return
         if seen.objective is None:
             if seen.error and (old is None or old.error != seen.error):
@@ -263,26 +265,26 @@ class Controller:
             self._drop_engine_target(name, "its ring moved")
             current = None
         if current is None:
-            self._add_engine_target(seen, o.target_s, o.metric, seen.source, ring)
-            log.info("%s: target %.6g s (%s) from %s", name, o.target_s, o.metric,
+            self._add_engine_target(seen, o, seen.source, ring)
+            log.info("%s: %s from %s", name, o,
                      "its service's labels" if seen.source == "service" else "its labels")
-        elif (current.target_s, current.metric, current.source) != (o.target_s, o.metric,
-                                                                   seen.source):
-            self.targets.change(name, o.target_s, o.metric, seen.source)
+        elif (current.target_s, current.metric, current.kind, current.source) != (
+                o.target_s, o.metric, o.kind, seen.source):
+            self.targets.change(name, o.target_s, o.metric, seen.source, o.kind)
             if name in self.fleet.slot:
-                self.fleet.set_target(name, o.target_s, o.metric)
+                self.fleet.set_target(name, o.target_s, o.metric, o.kind)
             self.policy.reset()
-            log.info("%s: target now %.6g s (%s) from %s", name, o.target_s, o.metric,
+            log.info("%s: now %s from %s", name, o,
                      "its service's labels" if seen.source == "service" else "its labels")
         if current is not None and current.cgroup is None \
                 and not isinstance(seen.cgroup, CgroupError):
             self.targets.bind({name: seen.cgroup})
 
-    def _add_engine_target(self, seen: Seen, target_s: float, metric: str, source: str,
+    def _add_engine_target(self, seen: Seen, o: Objective, source: str,
                            ring: str | None) -> None:
-        self.targets.add(seen.name, target_s, metric, seen.cgroup, True, source,
+        self.targets.add(seen.name, o.target_s, o.metric, seen.cgroup, True, source,
                          (lambda: None) if ring else (lambda: self._ensure_ring(seen.name)),
-                         ring=ring)
+                         ring=ring, kind=o.kind)
 
     def _drop_engine_target(self, name: str, why: str, force: bool = False) -> None:
         target = self.targets.find(name)
@@ -301,16 +303,16 @@ class Controller:
 
     # --- requests ----------------------------------------------------------------------
 
-    def set_target(self, name: str, target_s: float, metric: str, pending: bool,
-                   source: str = "cli") -> Listing:
-        """Give a container a target (or a new one). TargetError or StateError: nothing
-        changed. The policy runs again at once for a new objective; a new target makes it
-        run when it joins the tables (a rebuild resets the policy), not at every request
-        of a stream of them."""
+    def set_target(self, name: str, target_s: float | None, metric: str | None,
+                   pending: bool, source: str = "cli", kind: str = INFERENCE) -> Listing:
+        """Give a container a target (or a new one), or make it a training job (`kind`: no
+        target nor metric). TargetError or StateError: nothing changed. The policy runs
+        again at once for a new objective; a new target makes it run when it joins the
+        tables (a rebuild resets the policy), not at every request of a stream of them."""
         if name in self.targets:
-            target = self.targets.change(name, target_s, metric, source)
+            target = self.targets.change(name, target_s, metric, source, kind)
             if name in self.fleet.slot:
-                self.fleet.set_target(name, target.target_s, target.metric)
+                self.fleet.set_target(name, target.target_s, target.metric, target.kind)
                 self.policy.reset()
         else:
             if len(self.targets) >= self.max_targets:
@@ -319,7 +321,8 @@ class Controller:
                     f"{FDS_PER_TARGET} open files, and the open-file limit is "
                     f"{self.fd_limit:,} (raise LimitNOFILE= of dqoesd.service)")
             target = self.targets.add(name, target_s, metric, self._find(name, pending),
-                                      pending, source, lambda: self._ensure_ring(name))
+                                      pending, source, lambda: self._ensure_ring(name),
+                                      kind=kind)
         return self.describe(name)
 
     def _find(self, name: str, pending: bool) -> Resolved | CgroupError:
@@ -390,7 +393,9 @@ class Controller:
         c, n = self.counters, len(self.fleet)
         return (f"{n} bound, {len(self.targets) - n} pending; "
                 f"G {c.class_counts[Cls.G]} S {c.class_counts[Cls.S]} "
-                f"B {c.class_counts[Cls.B]}; interval {c.interval:.0f}s")
+                f"B {c.class_counts[Cls.B]}; NL {c.class_counts[Cls.NL]} "
+                f"WL {c.class_counts[Cls.WL]} CL {c.class_counts[Cls.CL]}; "
+                f"interval {c.interval:.0f}s")
 
     def shutdown(self) -> None:
         """Give every container its original limit back; the targets stay for next time."""

@@ -1,14 +1,17 @@
 """dqoesctl: set QoE targets and watch the controller.
 
     dqoesctl set-target CONTAINER TARGET [--metric mean|p50|p90|p95|p99] [--pending]
+    dqoesctl set-target CONTAINER --training [--pending]
     dqoesctl unset-target CONTAINER
     dqoesctl list [--json]
     dqoesctl status [CONTAINER] [--json] [--watch [SECONDS]]
     dqoesctl cluster status [--json] [--watch [SECONDS]]   (on a Swarm manager)
 
 CONTAINER is a Docker/Podman name or ID (prefix), a cgroup path, a PID or a systemd unit.
-TARGET is a duration with a unit: 250us, 40ms, 1.5s. Every error is one line on stderr and a
-non-zero exit status, and changes nothing.
+TARGET is a duration with a unit: 250us, 40ms, 1.5s. --training makes the container a
+training job instead: no target, its CPU shared with the other training jobs by the
+progress it reports (FlowCon). Every error is one line on stderr and a non-zero exit
+status, and changes nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import __version__
 from .cluster.show import format_cluster
@@ -28,7 +31,7 @@ from .cluster.view import ClusterView
 from .config import DEFAULT_SOCKET, MANAGER_SOCKET
 from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
-from .state import METRICS
+from .state import METRICS, TRAINING
 from .status import Listing, Status
 from .table import format_table
 
@@ -38,22 +41,40 @@ def _cores(value: float | None) -> str:
     return "max" if value is None else f"{value:.2f}"
 
 
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
 def format_status(status: Status) -> str:
-    rows = [("CONTAINER", "CLASS", "TARGET", "METRIC", "MEASURED", "Q", "LIMIT", "USAGE",
-             "THROTTLED", "SAMPLES")]
-    for c in status.containers:
-        q = c.q_s
-        rows.append((
-            c.name, c.cls + ("!" if c.contested else ""), format_duration(c.target_s),
-            c.metric, format_duration(c.measured_s),
-            "-" if q is None else ("+" if q >= 0 else "") + format_duration(q),
-            _cores(c.cpu_limit_cores), f"{c.cpu_usage_cores:.2f}",
-            f"{c.throttled_ratio * 100:.0f}%", str(c.samples),
-        ))
+    services = [c for c in status.containers if c.kind != TRAINING]
+    jobs = [c for c in status.containers if c.kind == TRAINING]
+    tables = []
+    if services or not jobs:
+        rows = [("CONTAINER", "CLASS", "TARGET", "METRIC", "MEASURED", "Q", "LIMIT", "USAGE",
+                 "THROTTLED", "SAMPLES")]
+        for c in services:
+            q = c.q_s
+            rows.append((
+                c.name, c.cls + ("!" if c.contested else ""), format_duration(c.target_s),
+                c.metric or "-", format_duration(c.measured_s),
+                "-" if q is None else ("+" if q >= 0 else "") + format_duration(q),
+                _cores(c.cpu_limit_cores), f"{c.cpu_usage_cores:.2f}",
+                f"{c.throttled_ratio * 100:.0f}%", str(c.samples),
+            ))
+        tables.append(format_table(rows))
+    if jobs:
+        rows = [("TRAINING JOB", "LIST", "EVALUATION", "GROWTH", "LIMIT", "USAGE",
+                 "THROTTLED")]
+        rows += [(c.name, c.cls + ("!" if c.contested else ""), _number(c.evaluation),
+                  _number(c.growth_efficiency), _cores(c.cpu_limit_cores),
+                  f"{c.cpu_usage_cores:.2f}", f"{c.throttled_ratio * 100:.0f}%")
+                 for c in jobs]
+        tables.append(format_table(rows))
     h = status.host
     age = h.last_decision_age_s
-    lines = [format_table(rows), "",
-             f"G {h.G}  S {h.S}  B {h.B}  idle {h.idle}  pending {h.pending}"
+    lists = f"  | NL {h.NL}  WL {h.WL}  CL {h.CL}" if jobs else ""
+    lines = ["\n\n".join(tables), "",
+             f"G {h.G}  S {h.S}  B {h.B}  idle {h.idle}  pending {h.pending}{lists}"
              f"  | policy {h.policy}, interval {h.interval_s:.0f}s, last decision "
              + ("never" if age is None else f"{age:.0f}s ago")
              + f", budget {h.budget_cpus:g} CPUs"]
@@ -64,9 +85,10 @@ def format_status(status: Status) -> str:
 
 
 def format_list(targets: list[Listing]) -> str:
-    rows = [("CONTAINER", "TARGET", "METRIC", "STATE", "SOURCE", "CGROUP")]
-    rows += [(t.name, format_duration(t.target_s), t.metric or "-", t.state, t.source,
-              (t.cgroup or "-") + (f" ({t.reason})" if t.reason else "")) for t in targets]
+    rows = [("CONTAINER", "KIND", "TARGET", "METRIC", "STATE", "SOURCE", "CGROUP")]
+    rows += [(t.name, t.kind or "-", format_duration(t.target_s), t.metric or "-", t.state,
+              t.source, (t.cgroup or "-") + (f" ({t.reason})" if t.reason else ""))
+             for t in targets]
     return format_table(rows)
 
 
@@ -83,13 +105,18 @@ def _parser() -> argparse.ArgumentParser:
                    default=Path(os.environ.get("DQOES_SOCKET", DEFAULT_SOCKET)),
                    help="daemon control socket (default %(default)s, or $DQOES_SOCKET)")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("set-target", help="give a container a QoE target")
+    s = sub.add_parser("set-target",
+                       help="give a container a QoE target, or make it a training job")
     s.add_argument("container")
-    s.add_argument("target", help="e.g. 250us, 40ms, 1.5s")
-    s.add_argument("--metric", default="p95", choices=METRICS,
-                   help="latency statistic compared with the target (default %(default)s)")
+    s.add_argument("target", nargs="?", help="e.g. 250us, 40ms, 1.5s (not with --training)")
+    s.add_argument("--metric", choices=METRICS,
+                   help="latency statistic compared with the target (default p95)")
     s.add_argument("--pending", action="store_true",
                    help="accept a container that does not exist yet; bind it when it appears")
+    s.add_argument("--training", action="store_true",
+                   help="a training job: no target; it shares the CPU left by the inference "
+                        "services with the other training jobs, by the progress it reports "
+                        "(FlowCon)")
     u = sub.add_parser("unset-target", help="remove a target and restore the container's limit")
     u.add_argument("container")
     ls = sub.add_parser("list", help="list targets")
@@ -111,13 +138,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _set_target(args: argparse.Namespace) -> dict[str, Any]:
+    if args.training:
+        if args.target is not None or args.metric is not None:
+            raise ValueError("a training job has no target or metric: give TARGET or "
+                             "--training")
+        return request(args.socket, "set-target", container=args.container, training=True,
+                       pending=args.pending)
+    if args.target is None:
+        raise ValueError("set-target needs a TARGET (or --training)")
+    return request(args.socket, "set-target", container=args.container,
+                   target_s=parse_duration(args.target), metric=args.metric or "p95",
+                   pending=args.pending)
+
+
 def _run(args: argparse.Namespace) -> str:
     if args.command == "set-target":
-        r = request(args.socket, "set-target", container=args.container,
-                    target_s=parse_duration(args.target), metric=args.metric,
-                    pending=args.pending)
+        r = _set_target(args)
         state = "bound to " + r["cgroup"] if r["cgroup"] else "pending (container not found yet)"
-        return (f"{r['name']}: target {format_duration(r['target_s'])} ({r['metric']}), {state}\n"
+        what = "a training job" if r.get("kind") == TRAINING else \
+            f"target {format_duration(r['target_s'])} ({r['metric']})"
+        return (f"{r['name']}: {what}, {state}\n"
                 f"ring: {r['ring']}\n"
                 f"mount it into the container, e.g.: docker run -v {r['ring_dir']}:/run/dqoes ...")
     if args.command == "unset-target":

@@ -122,6 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             return controller.status()
 
+    # Before the control socket exists: a client that sees it may signal us at once.
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        if not stopping.is_set():
+            log.info("%s: stopping", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
     metrics = None
     docker = None
     engine_socket = None if str(args.engine_socket) in ("", ".") else args.engine_socket
@@ -145,15 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     if docker is not None:
         docker.start()
 
-    stopping = threading.Event()
-
-    def stop(signum: int, _frame: object) -> None:
-        if not stopping.is_set():
-            log.info("%s: stopping", signal.Signals(signum).name)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     notifier.ready(controller.summary())
     log.info("dqoesd %s ready: %s, policy %s, socket %s", __version__, controller.summary(),
              controller.policy.name, server.path)

@@ -5,6 +5,10 @@ A `Fleet` holds the cgroup table (cpu.stat) and the ring set of the containers b
 target, in slot order, and every per-slot array the sense step and the policy's inputs need,
 so that a tick allocates nothing. It is built anew on each membership change, taking over
 the previous fleet's open files and per-container state by name.
+
+A training job's interval runs from its last report before the window (else its first in
+the window) to its last in the window: the reports carry their own times, so the progress
+between two reports is exact however the windows fall.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import numpy as np
 
 from .cgtable import CgroupTable, Status
 from .policy import Cls, Decision, Observation
-from .ring import RingSet
-from .state import METRICS, Target
+from .ring import RingSet, WindowStats
+from .state import METRICS, TRAINING, Target
 
 
 def carry_index(names: Sequence[str], previous: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -41,8 +45,10 @@ class Fleet:
         self.table = table
         self.rings = rings
         self.cpus = cpus
-        self.target_s = np.array([t.target_s for t in targets], dtype=np.float64)
-        self.metric = np.array([METRICS.index(t.metric) for t in targets], dtype=np.intp)
+        self.training = np.array([t.kind == TRAINING for t in targets], dtype=bool)
+        self.target_s = np.array([np.nan if t.target_s is None else t.target_s
+                                  for t in targets], dtype=np.float64)
+        self.metric = np.array([_metric_row(t.metric) for t in targets], dtype=np.intp)
         self.metric_index = self.metric * n + np.arange(n)  # into the rings' stats rows
         # Per decision window (the policy's inputs and outputs, shown by status).
         self.measured = np.full(n, np.nan)
@@ -52,6 +58,14 @@ class Fleet:
         self.score = np.full(n, np.nan)
         self.window_start = np.full(n, now)
         self.usage_at_window = np.zeros(n, np.uint64)
+        # Training jobs: the latest report (value, and time in s), kept across windows, and
+        # the interval of the last window (the policy's inputs).
+        self.evaluation = np.full(n, np.nan)
+        self.evaluated_at = np.full(n, np.nan)
+        self.eval_prev = np.full(n, np.nan)
+        self.eval_prev_at = np.full(n, np.nan)
+        self.eval_last = np.full(n, np.nan)
+        self.eval_last_at = np.full(n, np.nan)
         # Per tick (status).
         self.tick_cores = np.zeros(n)
         self.throttled_ratio = np.zeros(n)
@@ -64,8 +78,12 @@ class Fleet:
         self._g = np.zeros(n)
         self._u = np.zeros(n, np.uint64)
         self._v = np.zeros(n, np.uint64)
+        self._reported = np.zeros(n, bool)
+        self._first = np.zeros(n, bool)
         self.obs = Observation(target=self.target_s, measured=self.measured, usage=self.usage,
-                               limit=limit)
+                               limit=limit, training=self.training, classes=self.classes,
+                               eval_prev=self.eval_prev, eval_prev_at=self.eval_prev_at,
+                               eval_last=self.eval_last, eval_last_at=self.eval_last_at)
 
         table.sample()
         for a in (self.usage_at_window, self.usage_prev):
@@ -77,17 +95,20 @@ class Fleet:
             new, old = carry_index(self.names, previous.names)
             self.carried[new] = old
             for attr in ("measured", "usage", "samples", "classes", "score", "window_start",
-                         "usage_at_window", "tick_cores", "throttled_ratio"):
+                         "usage_at_window", "tick_cores", "throttled_ratio", "evaluation",
+                         "evaluated_at"):
                 getattr(self, attr)[new] = getattr(previous, attr)[old]
 
     def __len__(self) -> int:
         return len(self.names)
 
-    def set_target(self, name: str, target_s: float, metric: str) -> None:
-        """A bound container's objective changed."""
+    def set_target(self, name: str, target_s: float | None, metric: str | None,
+                   kind: str) -> None:
+        """A bound container's objective (or kind) changed."""
         i = self.slot[name]
-        self.target_s[i] = target_s
-        self.metric[i] = METRICS.index(metric)
+        self.training[i] = kind == TRAINING
+        self.target_s[i] = np.nan if target_s is None else target_s
+        self.metric[i] = _metric_row(metric)
         self.metric_index[i] = self.metric[i] * len(self) + i
 
     def sense(self, now: float) -> bool:
@@ -112,10 +133,12 @@ class Fleet:
 
     def observe_window(self, now: float) -> Observation:
         """Close the decision window: each container's latency statistic, request count
-        and CPU usage share over it."""
+        and CPU usage share over it, and each training job's interval of reports."""
         w = self.rings.take_window()
         np.take(self.rings.stats.ravel(), self.metric_index, out=self.measured)
+        np.copyto(self.measured, np.nan, where=self.training)
         np.copyto(self.samples, w.count)
+        self._reports(w)
         np.subtract(self.table.usage_usec, self.usage_at_window, out=self._u)
         np.subtract(now, self.window_start, out=self._g)
         np.fmax(self._g, 1e-3, out=self._g)
@@ -125,6 +148,27 @@ class Fleet:
         self.window_start.fill(now)
         return self.obs
 
+    def _reports(self, w: WindowStats) -> None:
+        """The interval of each training job's reports: from its last before the window
+        (else its first in it) to its last in it; NaN where it has none."""
+        reported, first, times = self._reported, self._first, self._g
+        np.greater(w.progress, 0, out=reported)
+        np.logical_and(reported, self.training, out=reported)
+        np.copyto(self.eval_prev, self.evaluation)
+        np.copyto(self.eval_prev_at, self.evaluated_at)
+        np.isnan(self.evaluation, out=first)  # no report before this window
+        np.logical_and(first, reported, out=first)
+        np.copyto(self.eval_prev, w.first_value, where=first)
+        np.multiply(w.first_ns, 1e-9, out=times)
+        np.copyto(self.eval_prev_at, times, where=first)
+        self.eval_last.fill(np.nan)
+        np.copyto(self.eval_last, w.last_value, where=reported)
+        np.multiply(w.last_ns, 1e-9, out=times)
+        self.eval_last_at.fill(np.nan)
+        np.copyto(self.eval_last_at, times, where=reported)
+        np.copyto(self.evaluation, self.eval_last, where=reported)
+        np.copyto(self.evaluated_at, self.eval_last_at, where=reported)
+
     def record(self, decision: Decision) -> None:
         """Keep a decision's classes and scores for status."""
         np.copyto(self.classes, decision.classes)
@@ -133,3 +177,9 @@ class Fleet:
     def close(self) -> None:
         self.table.close()
         self.rings.close()
+
+
+def _metric_row(metric: str | None) -> int:
+    """The row of a latency statistic in the rings' stats (any for a training job, which
+    has no latency target)."""
+    return 0 if metric is None else METRICS.index(metric)

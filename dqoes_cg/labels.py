@@ -1,7 +1,9 @@
 """A container's QoE target as its labels describe it.
 
-    dqoes.target   the latency target, a duration: 40ms, 1.5s, 250us (required)
+    dqoes.target   the latency target, a duration: 40ms, 1.5s, 250us (an inference service)
     dqoes.metric   the statistic compared with it: mean, p50, p90, p95 (default), p99
+    dqoes.policy   flowcon: a training job (no target nor metric), managed by the progress
+                   it reports (FlowCon); inference services follow the daemon's --policy
 
 On a Swarm service they are service labels (`docker service create --label dqoes.target=2s`,
 changed later with `docker service update --label-add`, which recreates no task) or
@@ -16,21 +18,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .duration import parse_duration
-from .state import METRICS, check_target
+from .duration import format_duration, parse_duration
+from .policy import TRAINING_POLICY
+from .state import INFERENCE, METRICS, TRAINING, check_target
 
 PREFIX = "dqoes."
 TARGET = "dqoes.target"
 METRIC = "dqoes.metric"
-KNOWN = (TARGET, METRIC)
+POLICY = "dqoes.policy"
+KNOWN = (TARGET, METRIC, POLICY)
 DEFAULT_METRIC = "p95"
 MAX_VALUE = 64  # characters of a label value worth reading
 
 
 @dataclass(frozen=True)
 class Objective:
-    target_s: float
-    metric: str
+    target_s: float | None  # None: a training job
+    metric: str | None
+    kind: str = INFERENCE
+
+    def __str__(self) -> str:
+        if self.kind == TRAINING:
+            return f"a training job ({TRAINING_POLICY})"
+        return f"target {format_duration(self.target_s)} ({self.metric})"
+
+
+TRAINING_JOB = Objective(None, None, TRAINING)
 
 
 def ours(labels: Mapping[str, str]) -> dict[str, str]:
@@ -47,6 +60,16 @@ def objective(labels: Mapping[str, str]) -> Objective | None:
     unknown = sorted(set(mine) - set(KNOWN))
     if unknown:
         raise ValueError(f"unknown label {unknown[0][:64]!r} (known: {', '.join(KNOWN)})")
+    if POLICY in mine:
+        policy = mine[POLICY]
+        if policy != TRAINING_POLICY:
+            raise ValueError(f"{POLICY}: unknown policy {policy[:MAX_VALUE]!r} (training "
+                             f"jobs: {TRAINING_POLICY}; inference services follow the "
+                             "daemon's --policy)")
+        if TARGET in mine or METRIC in mine:
+            raise ValueError(f"{POLICY}={TRAINING_POLICY} marks a training job, which has no "
+                             f"{TARGET} or {METRIC}")
+        return TRAINING_JOB
     if TARGET not in mine:
         raise ValueError(f"{METRIC} without {TARGET}")
     text = mine[TARGET]
@@ -70,8 +93,9 @@ def objective(labels: Mapping[str, str]) -> Objective | None:
 def effective(container: Mapping[str, str], service: Mapping[str, str] | None
               ) -> tuple[dict[str, str], str]:
     """The `dqoes.` labels that apply to a container, and where its target comes from:
-    "service" when its service's labels name one (they win, key by key), else "label"."""
+    "service" when its service's labels name one or a policy (they win, key by key), else
+    "label"."""
     mine = ours(container)
     theirs = ours(service or {})
-    source = "service" if TARGET in theirs else "label"
+    source = "service" if TARGET in theirs or POLICY in theirs else "label"
     return {**mine, **theirs}, source

@@ -6,7 +6,8 @@ controller's status (the daemon's loop holds the same lock while it ticks, so th
 never read half-updated) and renders it in the text format, version 0.0.4:
 
     per container  target, measured latency, class, CPU limit and usage, throttling, samples,
-                   foreign writes of its cpu.max, whether it is contested
+                   foreign writes of its cpu.max, whether it is contested; for a training
+                   job, its list (as its class), evaluation value and growth efficiency
     per host       containers per class, ticks, decisions, reconcile corrections, ring faults
                    and lost records, systemd updates, the CPU budget and the listener's interval
 """
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+from .state import TRAINING
 from .status import CLASSES, Status
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,8 @@ def render(status: Status) -> str:
                       "Latency statistic (the target's metric) of the last decision window")
     cls = family("container_class", "gauge",
                  "1 for the container's class: G (beats its target), S (meets it), "
-                 "B (misses it), idle (no requests), pending (no cgroup bound yet)")
+                 "B (misses it), idle (no requests), pending (no cgroup bound yet); a training "
+                 "job's list: NL (new), WL (watching), CL (completing)")
     limit = family("container_cpu_limit_cores", "gauge",
                    "CPU limit in force (cpu.max) in CPUs; +Inf when unlimited")
     usage = family("container_cpu_usage_cores", "gauge", "CPU usage over the last tick, in CPUs")
@@ -100,14 +103,25 @@ def render(status: Status) -> str:
                      "cpu.max values written by someone else in place of the daemon's")
     contested = family("container_contested", "gauge",
                        "1 while the container's cpu.max is left to another writer")
+    evaluation = family("container_evaluation", "gauge",
+                        "A training job's latest evaluation value (its loss, accuracy...)")
+    growth = family("container_growth_efficiency", "gauge",
+                    "A training job's growth efficiency at the last decision: progress of its "
+                    "evaluation value per second, per fraction of the CPU budget used")
     for c in status.containers:
         name = c.name
-        target.add(c.target_s, container=name, metric=c.metric)
+        training = c.kind == TRAINING
+        if not training:
+            target.add(c.target_s, container=name, metric=c.metric or "")
         for k in CLASSES:
             cls.add(1 if c.cls == k else 0, container=name, **{"class": k})
         if c.cls == "pending":
             continue
-        measured.add(c.measured_s, container=name, metric=c.metric)
+        if training:
+            evaluation.add(c.evaluation, container=name)
+            growth.add(c.growth_efficiency, container=name)
+        else:
+            measured.add(c.measured_s, container=name, metric=c.metric or "")
         limit.add(math.inf if c.cpu_limit_cores is None else c.cpu_limit_cores,
                   container=name)
         usage.add(c.cpu_usage_cores, container=name)

@@ -35,9 +35,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no log, no source, no cgroup identity
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # version 1: no log, no source, no cgroup identity; 2: no kind
 METRICS = ("mean", "p50", "p90", "p95", "p99")
+INFERENCE, TRAINING = KINDS = ("inference", "training")
 SOURCES = ("cli", "label", "service")
 ENGINE_SOURCES = ("label", "service")  # targets that follow the container engine
 MAX_TARGET_S = 3600.0
@@ -52,8 +53,8 @@ class StateError(Exception):
 @dataclass
 class Target:
     name: str  # the container as the user named it; the key
-    target_s: float  # QoE objective o_i, seconds
-    metric: str  # which window statistic is p_i
+    target_s: float | None  # QoE objective o_i, seconds; None for a training job
+    metric: str | None  # which window statistic is p_i; None for a training job
     # who set it: dqoesctl ("cli"), the container's labels ("label") or its Swarm service's
     # ("service")
     source: str = "cli"
@@ -61,13 +62,23 @@ class Target:
     cgroup_id: str | None = None  # "<boot id>:<inode>" of that directory
     original_max: str | None = None  # cpu.max before our first write; None: never written
     ring: str | None = None  # its ring when not RUN_DIR/rings/<name>/ring: its volume's
+    # an inference service (a latency target, the daemon's --policy) or a training job (no
+    # target: FlowCon, by the progress it reports)
+    kind: str = INFERENCE
 
 
 _TARGET_FIELDS = frozenset(f.name for f in fields(Target))
 
 
-def check_target(target_s: Any, metric: Any) -> None:
-    """Raise ValueError unless (target, metric) is something the controller can pursue."""
+def check_target(target_s: Any, metric: Any, kind: Any = INFERENCE) -> None:
+    """Raise ValueError unless (target, metric) is something the controller can pursue: a
+    latency target for an inference service, none for a training job."""
+    if kind == TRAINING:
+        if target_s is not None or metric is not None:
+            raise ValueError("a training job has no latency target or metric")
+        return
+    if kind != INFERENCE:
+        raise ValueError(f"unknown kind {kind!r:.40} (one of {', '.join(KINDS)})")
     if not isinstance(target_s, (int, float)) or isinstance(target_s, bool):
         raise ValueError("target must be a number of seconds")
     if not math.isfinite(target_s) or target_s <= 0:
@@ -103,7 +114,7 @@ def _target(item: Any) -> Target:
     t = Target(**item)
     if not isinstance(t.name, str) or not t.name:
         raise ValueError("a target without a name")
-    check_target(t.target_s, t.metric)
+    check_target(t.target_s, t.metric, t.kind)
     if t.source not in SOURCES:
         raise ValueError(f"unknown source {t.source!r}")
     if t.ring is not None and not (isinstance(t.ring, str) and t.ring.startswith("/")):

@@ -13,22 +13,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from .policy import Cls
-from .state import Target
+from .state import INFERENCE, TRAINING, Target
 
 if TYPE_CHECKING:
     from .actuator import Actuator
     from .fleet import Fleet
 
-CLASSES = ("G", "S", "B", "idle", "pending")
-"""The classes a container can show: the policy's, and pending (no cgroup yet)."""
+CLASSES = ("G", "S", "B", "idle", "pending", "NL", "WL", "CL")
+"""The classes a container can show: an inference service's (G, S, B, idle: no requests in
+the window), pending (no cgroup yet), and a training job's list (NL, WL, CL)."""
 
 
 @dataclass(frozen=True)
 class ContainerStatus:
     name: str
     cls: str  # one of CLASSES (JSON: "class")
-    target_s: float
-    metric: str
+    target_s: float | None  # None: a training job
+    metric: str | None
     measured_s: float | None  # the metric over the last decision window
     q_s: float | None  # target - measured (None: idle or pending)
     cpu_limit_cores: float | None  # cpu.max in CPUs (None: max, or pending)
@@ -41,6 +42,10 @@ class ContainerStatus:
     foreign_writes: int = 0  # cpu.max values of someone else's found in place of ours
     contested: bool = False  # left to another writer for a while (see actuator.py)
     reason: str | None = None  # why it is pending
+    kind: str = INFERENCE  # inference (a latency target) or training (FlowCon)
+    evaluation: float | None = None  # a training job's latest reported value
+    growth_efficiency: float | None = None  # its G at the last decision: progress per
+    #                                         second per fraction of the budget used
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class HostStatus:
     contested: int = 0
     systemd_sent: int = 0
     systemd_failed: int = 0
+    NL: int = 0  # training jobs per list
+    WL: int = 0
+    CL: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ class Listing:
     """One target as `dqoesctl list` shows it."""
 
     name: str
-    target_s: float | None  # None: invalid (its labels are refused)
+    target_s: float | None  # None: a training job, or invalid (its labels are refused)
     metric: str | None
     state: str  # bound, pending, or invalid (a container whose labels are refused)
     cgroup: str | None
@@ -96,6 +104,7 @@ class Listing:
     ring_dir: str
     source: str = "cli"
     reason: str | None = None  # why it is pending or invalid
+    kind: str | None = INFERENCE  # inference or training; None: invalid
 
     def to_json(self) -> dict[str, Any]:
         return _fields(self)
@@ -121,14 +130,14 @@ class Counters:
 def refused(name: str, source: str, cgroup: str | None, ring: str, reason: str) -> Listing:
     """A container whose labels are refused: listed, not managed."""
     return Listing(name, None, None, "invalid", cgroup, ring, ring.rsplit("/", 1)[0], source,
-                   reason)
+                   reason, kind=None)
 
 
 def listing(target: Target, ring: str, reason: str | None) -> Listing:
     return Listing(target.name, target.target_s, target.metric,
                    "bound" if target.cgroup else "pending", target.cgroup, ring,
                    ring.rsplit("/", 1)[0], target.source,
-                   None if target.cgroup else reason)
+                   None if target.cgroup else reason, target.kind)
 
 
 def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
@@ -143,18 +152,21 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
             containers.append(ContainerStatus(
                 target.name, "pending", target.target_s, target.metric, None, None, None,
                 0.0, 0.0, 0, target.cgroup, rings[target.name], target.source,
-                reason=reasons.get(target.name)))
+                reason=reasons.get(target.name), kind=target.kind))
             continue
         cls = Cls(int(fleet.classes[i]))
+        training = target.kind == TRAINING
+        score = None if cls == Cls.IDLE else _finite(fleet.score[i])
         quota, period = int(t.max_quota_usec[i]), int(t.max_period_usec[i])
         containers.append(ContainerStatus(
             target.name, "idle" if cls == Cls.IDLE else cls.name, target.target_s,
-            target.metric, _finite(fleet.measured[i]),
-            None if cls == Cls.IDLE else _finite(fleet.score[i]),
+            target.metric, _finite(fleet.measured[i]), None if training else score,
             None if quota < 0 or period <= 0 else quota / period,
             float(fleet.tick_cores[i]), float(fleet.throttled_ratio[i]),
             int(fleet.samples[i]), target.cgroup, rings[target.name], target.source,
-            int(actuator.foreign_writes[i]), bool(actuator.contested[i])))
+            int(actuator.foreign_writes[i]), bool(actuator.contested[i]), kind=target.kind,
+            evaluation=_finite(fleet.evaluation[i]) if training else None,
+            growth_efficiency=score if training else None))
     counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
     r = fleet.rings
     n = len(fleet)

@@ -20,7 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cgroup import CgroupError, InvalidName, Resolved, require_cpu_controller
-from .state import StateError, StateStore, Target, cgroup_identity, check_target
+from .state import (
+    INFERENCE,
+    StateError,
+    StateStore,
+    Target,
+    cgroup_identity,
+    check_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +74,17 @@ class Targets:
 
     # --- requests ------------------------------------------------------------------------
 
-    def add(self, name: str, target_s: float, metric: str, found: Resolved | CgroupError,
-            pending: bool, source: str, prepare: Callable[[], None],
-            ring: str | None = None) -> Target:
-        """A new target. `found` is what resolving the name gave: it must be a usable
+    def add(self, name: str, target_s: float | None, metric: str | None,
+            found: Resolved | CgroupError, pending: bool, source: str,
+            prepare: Callable[[], None], ring: str | None = None,
+            kind: str = INFERENCE) -> Target:
+        """A new target: an inference service's latency target, or a training job (`kind`,
+        no target nor metric). `found` is what resolving the name gave: it must be a usable
         cgroup, unless `pending` accepts one that may appear later (but never a name that
         can never be valid). `prepare` runs once the target is accepted, before it is saved
         (it creates the ring). `ring`: its ring, if not the default one (its volume's).
         TargetError or StateError: nothing changed."""
-        _check(target_s, metric)
+        _check(target_s, metric, kind)
         try:
             path = self._usable(name, found)
         except InvalidName as e:
@@ -84,7 +93,7 @@ class Targets:
             if not pending:
                 raise TargetError(str(e)) from None
             path, reason = None, str(e)
-        target = Target(name, float(target_s), metric, source, ring=ring)
+        target = Target(name, _seconds(target_s), metric, source, ring=ring, kind=kind)
         if path is not None:
             target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
         prepare()
@@ -93,12 +102,13 @@ class Targets:
             self.reasons[name] = reason
         return target
 
-    def change(self, name: str, target_s: float, metric: str, source: str) -> Target:
-        """A new objective for an existing target. TargetError or StateError: nothing
-        changed."""
-        _check(target_s, metric)
-        changed = replace(self.get(name), target_s=float(target_s), metric=metric,
-                          source=source)
+    def change(self, name: str, target_s: float | None, metric: str | None, source: str,
+               kind: str = INFERENCE) -> Target:
+        """A new objective (or kind) for an existing target. TargetError or StateError:
+        nothing changed."""
+        _check(target_s, metric, kind)
+        changed = replace(self.get(name), target_s=_seconds(target_s), metric=metric,
+                          source=source, kind=kind)
         self._save(changed)
         return changed
 
@@ -217,11 +227,15 @@ class Targets:
             self.store.compact(self._targets)
 
 
-def _check(target_s: float, metric: str) -> None:
+def _check(target_s: float | None, metric: str | None, kind: str) -> None:
     try:
-        check_target(target_s, metric)
+        check_target(target_s, metric, kind)
     except ValueError as e:
         raise TargetError(str(e)) from None
+
+
+def _seconds(target_s: float | None) -> float | None:
+    return None if target_s is None else float(target_s)
 
 
 class Binder:

@@ -1,7 +1,7 @@
 """A private testbed on a real cgroup v2 host: a cgroup subtree of its own, a dqoesd
-managing it, and inference workers (lab.workload) in their own cgroups, each recording
-into the ring the daemon made for it. The demo, the real-kernel tests and the experiments
-all run on it.
+managing it, and inference workers (lab.workload) and training jobs (lab.training) in their
+own cgroups, each recording into the ring the daemon made for it. The demo, the
+real-kernel tests and the experiments all run on it.
 
     with Testbed("dqoes-demo", workdir) as bed:
         bed.start_daemon("--interval", "3")
@@ -120,15 +120,39 @@ class Testbed:
     def add_worker(self, name: str, model: str, target_s: float | None = None,
                    metric: str = "mean", seed: int = 0, hold: bool = False,
                    rate: float | None = None) -> Worker:
-        """A worker in cgroup <subtree>/<name>; its target, if any, is set before it
-        starts, so that its ring is there from its first request. With `hold`, it stops
-        before serving until `release`. With `rate`, requests arrive at random at that
-        mean rate per second (lab.workload --rate) instead of back to back."""
-        cgroup = self.root / name
-        cgroup.mkdir(exist_ok=True)
-        target_name = f"{self.subtree}/{name}"
+        """An inference worker (lab.workload) in cgroup <subtree>/<name>; its target, if
+        any, is set before it starts, so that its ring is there from its first request.
+        With `hold`, it stops before serving until `release`. With `rate`, requests arrive
+        at random at that mean rate per second (lab.workload --rate) instead of back to
+        back."""
+        target_name = self._cgroup(name)
         if target_s is not None:
             self.set_target(target_name, target_s, metric)
+        rate_args = [] if rate is None else ["--rate", str(rate)]
+        return self._spawn(name, model, "lab.workload", "--model", model, "--seed", str(seed),
+                           *rate_args, *["--hold"] * hold)
+
+    def add_trainer(self, name: str, model: str, epochs: int | None = None, seed: int = 0,
+                    training: bool = True, hold: bool = False) -> Worker:
+        """A training job (lab.training) in cgroup <subtree>/<name>, reporting its loss;
+        with `training`, marked as a training job before it starts. With `hold`, it stops
+        before training until `release`."""
+        target_name = self._cgroup(name)
+        if training:
+            self.set_training(target_name)
+        epochs_args = [] if epochs is None else ["--epochs", str(epochs)]
+        return self._spawn(name, model, "lab.training", "--model", model, "--seed", str(seed),
+                           *epochs_args, *["--hold"] * hold)
+
+    def _cgroup(self, name: str) -> str:
+        """Create cgroup <subtree>/<name> (if missing); its target's name."""
+        (self.root / name).mkdir(exist_ok=True)
+        return f"{self.subtree}/{name}"
+
+    def _spawn(self, name: str, model: str, module: str, *args: str) -> Worker:
+        """`python -m module args` started inside cgroup <subtree>/<name>, recording into
+        the ring the daemon makes for it."""
+        cgroup = self.root / name
         env = {**os.environ, "DQOES_RING": str(self.ring_of(name))}
         procs = str(cgroup / "cgroup.procs")
 
@@ -136,18 +160,19 @@ class Testbed:
             with open(procs, "w") as f:
                 f.write("0")
 
-        cmd = [sys.executable, "-m", "lab.workload", "--model", model, "--seed", str(seed)]
-        if rate is not None:
-            cmd += ["--rate", str(rate)]
-        proc = subprocess.Popen(cmd + ["--hold"] * hold, env=env, preexec_fn=enter_cgroup, cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], env=env,
+                                preexec_fn=enter_cgroup, cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        worker = Worker(target_name, cgroup, model, proc)
+        worker = Worker(f"{self.subtree}/{name}", cgroup, model, proc)
         self.workers[name] = worker
         return worker
 
     def set_target(self, name: str, target_s: float, metric: str = "mean") -> dict[str, Any]:
         return self.request("set-target", container=name, target_s=target_s, metric=metric,
                             pending=False)
+
+    def set_training(self, name: str) -> dict[str, Any]:
+        return self.request("set-target", container=name, training=True, pending=False)
 
     def cpu_max(self, name: str) -> str:
         return (self.root / name / "cpu.max").read_text().strip()
@@ -168,10 +193,14 @@ class Testbed:
                     raise RuntimeError(f"worker {w.name} not ready within {timeout:.0f} s")
                 time.sleep(0.1)
 
-    def release(self, name: str, target_s: float | None = None, metric: str = "mean") -> None:
-        """A held worker arrives: its target (if any) is set, then it starts serving."""
+    def release(self, name: str, target_s: float | None = None, metric: str = "mean",
+                training: bool = False) -> None:
+        """A held worker arrives: its target (if any) is set, or it is marked as a training
+        job (`training`), then it starts serving or training."""
         worker = self.workers[name]
-        if target_s is not None:
+        if training:
+            self.set_training(worker.name)
+        elif target_s is not None:
             self.set_target(worker.name, target_s, metric)
         worker.proc.send_signal(signal.SIGCONT)
 

@@ -80,7 +80,7 @@ def _classes(o: Observation) -> np.ndarray:
 
 def test_registered_by_name_with_the_daemons_parameters():
     assert POLICIES["admit"] == Admit.from_params
-    pol = make_policy("admit", PolicyParams(alpha=0.2, iv_initial=3.0, iv_max=6.0))
+    pol = make_policy("admit", PolicyParams(alpha=0.2, iv_initial=3.0, iv_max=6.0)).inference
     assert isinstance(pol, Admit) and pol.alpha == 0.2 and pol.listener.interval == 3.0
 
 

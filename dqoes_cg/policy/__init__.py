@@ -10,6 +10,10 @@ the loop and a policy is in base.py.
   the evaluation (bench/experiments) it reaches the best possible |S| in every scenario,
   within three rounds of the last arrival or change, where DQoES takes tens to hundreds of
   rounds and stops short in most (admit.py says why).
+
+These are the policies of inference services. The daemon runs the one named beside FlowCon
+(flowcon.py), the policy of training jobs, as one policy (`make_policy`, mixed.py): with
+no training job it is the named policy alone.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from .base import (
     PolicyParams,
 )
 from .dqoes import DQoES, classify
+from .flowcon import TRAINING_POLICY, FlowCon
+from .mixed import Mixed
 
 POLICIES: dict[str, Callable[[PolicyParams], Policy]] = {
     "dqoes": DQoES.from_params,
@@ -42,14 +48,17 @@ DEFAULT_POLICY = "admit"
 
 
 def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
-    """The policy called `name`, built with `params` (the daemon's defaults if None)."""
+    """The daemon's policy: the inference policy called `name` beside FlowCon, built with
+    `params` (the daemon's defaults if None)."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})") from None
-    return factory(params or PolicyParams())
+    params = params or PolicyParams()
+    return Mixed.around(factory(params), params)
 
 
-__all__ = ["ALPHA", "BETA", "DEFAULT_POLICY", "IV_INITIAL_S", "IV_MAX_S", "POLICIES", "T_R",
-           "Admit", "Cls", "DQoES", "Decision", "FloatArray", "IndexArray", "Int8Array",
-           "Observation", "Policy", "PolicyParams", "classify", "make_policy"]
+__all__ = ["ALPHA", "BETA", "DEFAULT_POLICY", "IV_INITIAL_S", "IV_MAX_S", "POLICIES",
+           "TRAINING_POLICY", "T_R", "Admit", "Cls", "DQoES", "Decision", "FloatArray",
+           "FlowCon", "IndexArray", "Int8Array", "Mixed", "Observation", "Policy",
+           "PolicyParams", "classify", "make_policy"]

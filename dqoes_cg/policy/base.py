@@ -6,6 +6,10 @@ The loop hands a policy an `Observation` (per-slot numpy arrays it owns) and get
 usages are fractions of the worker budget T_R (1.0 = every CPU the managed containers may
 use). A container's first limit is the policy's choice: the loop passes NaN for a limit it
 never set, and writes nothing for a NaN in the decision.
+
+A slot is an inference service (a latency target) or a training job (no target: FlowCon
+manages it by the progress of its evaluation function, policy/flowcon.py); the training
+fields of the `Observation` say which, and carry what a training job reported.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class Cls(IntEnum):
     G = 1  # faster than its target by more than alpha·o
     S = 2  # within alpha·o of its target: satisfied
     B = 3  # slower than its target by more than alpha·o
+    # A training job's list (FlowCon)
+    NL = 4  # new: growing fast
+    WL = 5  # watching: its growth efficiency fell below the threshold once
+    CL = 6  # completing: below the threshold again; converging
 
 
 @dataclass(slots=True)
@@ -51,6 +59,18 @@ class Observation:
     usage: FloatArray  # CPU used over the window, fraction of T_R
     limit: FloatArray  # current CPU limit, fraction of T_R; NaN: never set (the policy
     #                    chooses a container's first limit)
+    # Training jobs. None (the default): every slot is an inference service.
+    training: BoolArray | None = None  # the slot is a training job (its target and
+    #                                    measured are NaN)
+    classes: Int8Array | None = None  # each slot's class (Cls) at the last decision, IDLE
+    #                                   if none yet; it follows the container across
+    #                                   membership changes: a training job's list
+    eval_prev: FloatArray | None = None  # a training job's evaluation value at the start
+    #                                      of the interval: its last report before this
+    #                                      window (none: its first in it); NaN: none
+    eval_prev_at: FloatArray | None = None  # when it was made, s (CLOCK_MONOTONIC)
+    eval_last: FloatArray | None = None  # its last report in this window; NaN: none
+    eval_last_at: FloatArray | None = None  # when it was made, s (CLOCK_MONOTONIC)
 
 
 @dataclass(slots=True)
@@ -60,7 +80,8 @@ class Decision:
 
     limits: FloatArray  # new limit per slot, fraction of T_R; NaN: leave the cgroup alone
     classes: Int8Array  # Cls code per slot
-    score: FloatArray  # what the classes come from (DQoES: q_i = o_i - p_i); not for IDLE
+    score: FloatArray  # what the classes come from (DQoES: q_i = o_i - p_i; FlowCon: the
+    #                    growth efficiency G_i); not for IDLE
     totals: dict[str, float] = field(default_factory=dict)  # per-round scalars, for status
     interval: float = 0.0  # seconds until the policy is due again
 
