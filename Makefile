@@ -5,7 +5,7 @@ PREFIX ?= /usr/local
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 C_SOURCES = $(wildcard $(ROOT)/csrc/*.[ch] $(ROOT)/lab/guest/*.c $(ROOT)/bench/*.c)
 
-.PHONY: deps demo test lint install install-package install-unit uninstall
+.PHONY: deps demo test test-swarm lint install install-package install-unit uninstall
 
 # System packages for the real-kernel guest, then the package itself (editable) with its extras.
 deps:
@@ -32,6 +32,10 @@ lint:
 
 test: deps lint
 	cd $(ROOT) && $(PYTHON) -m pytest -q -rs
+
+# The multi-node Swarm tests (their own guest, about 11 minutes), not part of `make test`.
+test-swarm: deps
+	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
 
 # --- dqoesd as a system service (run as root; see README, "Running it as a service") ------
 UNITDIR ?= /etc/systemd/system
