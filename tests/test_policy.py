@@ -4,7 +4,6 @@ Algorithm 2's transitions, the Policy object, and a fluid model of the paper's s
 from __future__ import annotations
 
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from dqoes_cg.policy.dqoes import (
     algorithm1,
     algorithm1_into,
 )
+from tests.policy_checks import assert_decides_without_allocating
 
 G, S, B, IDLE = Cls.G, Cls.S, Cls.B, Cls.IDLE
 NAN = math.nan
@@ -341,17 +341,7 @@ def test_decide_allocates_no_arrays():
     pol = DQoES()
     pol.resize(n)
     obs = observation(n)
-    first = pol.decide(obs, now=0.0)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for k in range(1, 6):
-            pol.reset()
-            assert pol.decide(obs, now=float(k)) is first  # the same buffers, refilled
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak - base < 16_000
+    assert_decides_without_allocating(pol, obs)
 
 
 def test_first_limits_are_the_policys():

@@ -5,7 +5,6 @@ within the budget, hysteresis, memory across membership changes, and no allocati
 from __future__ import annotations
 
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from dqoes_cg.policy.admit import (
     Scratch,
     water_level,
 )
+from tests.policy_checks import assert_decides_without_allocating
 
 NAN = math.nan
 ALPHA = 0.1
@@ -321,17 +321,7 @@ def test_decide_allocates_no_arrays():
     measured[::7] = NAN
     o = obs(target, measured, usage, usage * 1.1)
     pol = policy(n)
-    first = pol.decide(o, now=0.0)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for k in range(1, 6):
-            pol.reset()
-            assert pol.decide(o, now=float(k)) is first  # the same buffers, refilled
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak - base < 16_000
+    assert_decides_without_allocating(pol, o)
 
 
 def test_rejects_bad_parameters_and_shapes():

@@ -6,7 +6,6 @@ and how training gives way to a service that misses its target."""
 from __future__ import annotations
 
 import math
-import tracemalloc
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,6 +20,7 @@ from dqoes_cg.policy.flowcon import (
     threshold,
     water_fill,
 )
+from tests.policy_checks import assert_decides_without_allocating
 
 NL, WL, CL, IDLE, G, S, B = Cls.NL, Cls.WL, Cls.CL, Cls.IDLE, Cls.G, Cls.S, Cls.B
 NAN = math.nan
@@ -262,17 +262,7 @@ def test_decide_allocates_no_arrays() -> None:
     pol.resize(n)
     rng = np.random.default_rng(1)
     obs = jobs(rng.choice([NL, WL, CL], n), rng.uniform(0.0, 2.0, n))
-    first = pol.decide(obs, 0.0)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for k in range(1, 6):
-            pol.reset()
-            assert pol.decide(obs, float(k)) is first
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak - base < 16_000
+    assert_decides_without_allocating(pol, obs)
 
 
 # --- the water-fill ----------------------------------------------------------------------
@@ -441,14 +431,4 @@ def test_both_kinds_decide_without_allocating_arrays() -> None:
                     rng.choice([NL, WL, CL], n - half), rng.uniform(0.0, 2.0, n - half))
     pol = make_policy("dqoes")
     pol.resize(n)
-    first = pol.decide(obs, 0.0)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for k in range(1, 6):
-            pol.reset()
-            assert pol.decide(obs, float(k)) is first
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak - base < 16_000
+    assert_decides_without_allocating(pol, obs)
