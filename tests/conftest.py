@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.cgroups import cgroup2_cpu_mount, make_test_cgroup, remove_cgroup_tree
-from lab.guest.report import RESULTS_ENV, ResultWriter
+from lab.guest.report import RESULTS_ENV, ResultWriter, TimeLimit
 from lab.guest.routing import Route, route_items
 from lab.guest.swarm_guest import route_swarm_items
 from lab.guest.systemd_guest import route_systemd_items
@@ -26,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
     results = os.environ.get(RESULTS_ENV)
     if results:  # this is the guest's pytest: report each result to the host
         config.pluginmanager.register(ResultWriter(Path(results)), "dqoes-guest-results")
+        config.pluginmanager.register(TimeLimit.from_environment(), "dqoes-guest-test-limit")
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: route only what was selected

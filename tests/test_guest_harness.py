@@ -3,7 +3,10 @@ guest's kernel image and initramfs are built correctly."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,8 +15,10 @@ import pytest
 from lab.guest.elf import ELF_MAGIC, has_pvh_note
 from lab.guest.initramfs import module_load_order
 from lab.guest.kernel import find_kernel, vmlinux_path
-from lab.guest.routing import Route, choose_own_guest_route
-from lab.guest.vm import Share, mount_order
+from lab.guest.routing import GuestRebootWarning, GuestRunner, Route, choose_own_guest_route
+from lab.guest.vm import GuestConfig, GuestError, GuestStopped, Share, mount_order
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _cpu_stat(cgroup: Path) -> dict[str, int]:
@@ -109,3 +114,84 @@ def test_tests_of_a_guest_this_host_cannot_boot_are_skipped_with_what_is_missing
                                    lambda: ["docker.io", "pyroute2 (pip)"], "why")
     assert route == Route("skip", "no own guest: missing docker.io, pyroute2 (pip) "
                                   "(`make deps` installs them)")
+
+
+_HUNG_SESSION = """
+import subprocess, time
+
+def test_hangs_in_a_child():
+    subprocess.run(["sleep", "600"])
+
+def test_runs_after_it():
+    pass
+"""
+
+
+def test_a_hung_test_fails_alone_showing_where_it_hung(tmp_path: Path) -> None:
+    """The guest's limit for one test (report.py) ends a hung test with its stacks and
+    children, and the session goes on."""
+    (tmp_path / "test_hung.py").write_text(_HUNG_SESSION)
+    plugin = tmp_path / "limit_plugin.py"
+    plugin.write_text("from lab.guest.report import TimeLimit\n"
+                      "def pytest_configure(config):\n"
+                      "    config.pluginmanager.register(TimeLimit(2.0), 'limit')\n")
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "limit_plugin",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_hung.py")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert time.monotonic() - started < 300
+    assert "1 failed, 1 passed" in result.stdout, result.stdout + result.stderr
+    assert "ran past 2 s, the limit for one test in the guest" in result.stdout
+    assert "test_hangs_in_a_child" in result.stdout and "--- no other thread" in result.stdout
+    assert "sleep 600" in result.stdout  # the child, with its state and wait channel
+
+
+class _StoppingGuest:
+    """Stands for Guest: reports the first `reports` of its tests, then stops as a whole;
+    appends the tests it was given to `started`."""
+
+    def __init__(self, reports: int, ctl_dir: Path, started: list[list[str]]) -> None:
+        self.ctl_dir, self._reports, self._started = ctl_dir, reports, started
+
+    def start(self, argv: list[str], **_: object) -> None:
+        nodeids = [a for a in argv if "::" in a]
+        self._started.append(nodeids)
+        with (self.ctl_dir / "results.jsonl").open("w") as f:
+            for nodeid in nodeids[:self._reports]:
+                f.write(json.dumps({"nodeid": nodeid, "outcome": "passed", "duration": 1.0})
+                        + "\n")
+
+    def poll(self) -> int | None:
+        raise GuestStopped("the guest stopped: no heartbeat for 601 s\n(console)")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("reports", [[1, 5], [1, 0]], ids=["the new guest", "both stop"])
+def test_a_stopped_guest_is_replaced_once_by_one_running_what_it_had_not_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reports: list[int]) -> None:
+    """The real path is shown by stopping qemu (SIGSTOP) mid-session: see the guest README."""
+    guests, started = iter(reports), []
+
+    def make(_config: GuestConfig) -> _StoppingGuest:
+        ctl = tmp_path / f"guest{len(started)}"
+        ctl.mkdir()
+        return _StoppingGuest(next(guests), ctl, started)
+
+    monkeypatch.setattr("lab.guest.routing.Guest", make)
+    ids = [f"tests/t.py::test_{i}" for i in range(4)]
+    runner = GuestRunner(tmp_path, ids)
+    with pytest.warns(GuestRebootWarning, match=r"runs the 3 tests it had not reported, from "
+                                                r"tests/t.py::test_1 on"):
+        assert runner.result(ids[0])["outcome"] == "passed"
+        if reports[1]:
+            assert [runner.result(i)["outcome"] for i in ids[1:]] == ["passed"] * 3
+        else:
+            with pytest.raises(GuestError, match="no heartbeat"):
+                runner.result(ids[1])
+            with pytest.raises(GuestError, match="failed earlier: the guest stopped"):
+                runner.result(ids[2])
+    assert started == [ids, ids[1:]]

@@ -48,14 +48,31 @@ SHARE
 
 # The job protocol with the host, in the control directory dqoes.ctl=PATH: run job.sh with
 # its output in stdout/stderr, touch "started" first (the boot is over) and publish the exit
-# status last, atomically, as "exit_code".
+# status last, atomically, as "exit_code". Meanwhile "heartbeat" is rewritten every
+# HEARTBEAT_SECONDS: a guest that stops rewriting it has stopped as a whole.
+HEARTBEAT_SECONDS=30
 run_job() {
     ctl=$(cmdline_values ctl)
     : >"$ctl/started"
+    heartbeat "$ctl" &
+    beating=$!
     status=0
     /bin/sh "$ctl/job.sh" </dev/null >"$ctl/stdout" 2>"$ctl/stderr" || status=$?
+    kill "$beating"
     echo "$status" >"$ctl/exit_code.tmp"
     mv "$ctl/exit_code.tmp" "$ctl/exit_code"
+}
+
+# The guest's uptime, load and processes but kernel threads (with what each waits for in
+# the kernel), for the host to show when the job takes too long.
+heartbeat() {
+    while :; do
+        { cat /proc/uptime /proc/loadavg
+          /usr/bin/ps --ppid 2 -p 2 --deselect -o pid,ppid,stat,wchan:28,etimes,times,args 2>&1 | cut -c1-240
+        } >"$1/heartbeat.tmp"
+        mv "$1/heartbeat.tmp" "$1/heartbeat"
+        sleep "$HEARTBEAT_SECONDS"
+    done
 }
 
 # Immediate power-off (busybox's, not systemd's); with qemu's -no-reboot a reboot ends it too.

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from lab.cgroups import cgroup2_cpu_mount
 
 from .prereqs import missing_guest_packages
 from .report import RESULTS_ENV
-from .vm import POLL_INTERVAL, FileTail, Guest, GuestConfig, GuestError
+from .vm import POLL_INTERVAL, FileTail, Guest, GuestConfig, GuestError, GuestStopped
 
 FORCE_ENV = "DQOES_TEST_GUEST"  # "1": always use the guest; "0": never
 TIMEOUT_ENV = "DQOES_GUEST_TIMEOUT"  # seconds for the guest's whole test run
@@ -80,6 +81,10 @@ def choose_own_guest_route(own_env: str, guest: str, missing: Callable[[], list[
 _GUEST_DECIDES = frozenset({"skip", "skipif", "xfail"})
 
 
+class GuestRebootWarning(UserWarning):
+    """A guest stopped as a whole and a new one took over its tests."""
+
+
 class GuestTestFailure(Exception):
     """A kernel test failed in the guest; the message is the guest's failure text."""
 
@@ -133,11 +138,14 @@ class GuestRunner:
         self._nodeids = nodeids
         self._config = config or GuestConfig()
         self._prepare = prepare
+        self._prepared: dict[str, str] | None = None
         self._guest: Guest | None = None
         self._results: dict[str, dict[str, Any]] = {}
+        self._reported: set[str] = set()
         self._new_results: FileTail | None = None
         self._exit_code: int | None = None
         self._failure: str | None = None
+        self._rebooted = False
 
     def result(self, nodeid: str) -> dict[str, Any]:
         """Wait for the guest's result for `nodeid`. Raises GuestError if the guest died or
@@ -161,8 +169,11 @@ class GuestRunner:
             try:
                 self._exit_code = self._guest.poll()
             except GuestError as e:
+                self._read_results()  # it may have reported this test before it failed
+                if isinstance(e, GuestStopped) and not self._rebooted and self._unreported():
+                    self._reboot(e)
+                    continue
                 self._failure = str(e).splitlines()[0]
-                self._read_results()  # it may have reported this test before it died
                 if nodeid in self._results:
                     return self._results.pop(nodeid)
                 output = self._output_tail()
@@ -170,20 +181,39 @@ class GuestRunner:
             if self._exit_code is None:
                 time.sleep(POLL_INTERVAL)
 
+    def _unreported(self) -> list[str]:
+        return [n for n in self._nodeids if n not in self._reported]
+
+    def _reboot(self, e: GuestStopped) -> None:
+        """Once per session, a guest that stopped as a whole (the emulator, not a test: a
+        hung test is failed in the guest by report.TimeLimit) is replaced by a new one that
+        runs the tests it had not reported, the one it stopped in first."""
+        assert self._guest is not None
+        left = self._unreported()
+        warnings.warn(GuestRebootWarning(
+            f"{str(e).splitlines()[0]}; a new guest runs the {len(left)} tests it had not "
+            f"reported, from {left[0]} on (the stopped guest's files: {self._guest.ctl_dir})"),
+            stacklevel=1)
+        self.close()
+        self._rebooted = True
+        self._nodeids = left
+        self._start()
+
     def close(self) -> None:
         if self._guest is not None:
             self._guest.close()
 
     def _start(self) -> None:
-        try:
-            prepared = self._prepare() if self._prepare else {}
-        except Exception as e:
-            self._failure = f"preparing the guest's tests failed: {e}"
-            raise GuestError(self._failure) from e
+        if self._prepared is None:
+            try:
+                self._prepared = self._prepare() if self._prepare else {}
+            except Exception as e:
+                self._failure = f"preparing the guest's tests failed: {e}"
+                raise GuestError(self._failure) from e
         self._guest = Guest(self._config)
         results = self._guest.ctl_dir / "results.jsonl"
         self._new_results = FileTail(results)
-        env = {k: v for k, v in os.environ.items() if k != FORCE_ENV} | prepared
+        env = {k: v for k, v in os.environ.items() if k != FORCE_ENV} | self._prepared
         env[RESULTS_ENV] = str(results)
         argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
                 *self._nodeids]
@@ -195,12 +225,20 @@ class GuestRunner:
         for line in self._new_results.read(whole_lines=True).splitlines():
             result = json.loads(line)
             self._results[result["nodeid"]] = result
+            self._reported.add(result["nodeid"])
 
-    def _output_tail(self, lines: int = 30) -> str:
+    def _output_tail(self, lines: int = 60) -> str:
+        """The last lines of the guest pytest's stdout, then of its stderr if it wrote any
+        (where faulthandler puts the stacks of a hung test)."""
         assert self._guest is not None
-        path = self._guest.ctl_dir / "stdout"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+        tails = []
+        for name in ("stdout", "stderr"):
+            path = self._guest.ctl_dir / name
+            text = path.read_text(errors="replace") if path.exists() else ""
+            if text.strip() or name == "stdout":
+                tail = "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+                tails.append(tail if name == "stdout" else f"--- its stderr ---\n{tail}")
+        return "\n".join(tails)
 
 
 def route_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:

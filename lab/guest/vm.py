@@ -45,6 +45,10 @@ class GuestTimeout(GuestError):
     """The guest did not boot, or its job did not finish, in time."""
 
 
+class GuestStopped(GuestError):
+    """The guest as a whole stopped running its job: no heartbeat for a while."""
+
+
 @dataclass(frozen=True)
 class Share:
     """A host directory shared into the guest over virtio-9p, by default at the same path.
@@ -119,6 +123,9 @@ class GuestConfig:
     cmdline_extra: tuple[str, ...] = ()
     shares: tuple[Share, ...] = ()
     boot_timeout: float = 60.0
+    # Seconds without a new heartbeat (guest-lib.sh writes one every 30 s) after which a
+    # running guest counts as stopped as a whole: a busy host delays one by a minute at most.
+    stopped_after: float = 600.0
     kernel: Kernel | None = field(default_factory=find_kernel)
 
 
@@ -214,7 +221,8 @@ class Guest:
 
     def poll(self) -> int | None:
         """Copy new output; the job's exit status once it has one, else None.
-        Raises GuestError if the guest died first, GuestTimeout if a timeout passed."""
+        Raises GuestError if the guest died first, GuestTimeout if a timeout passed,
+        GuestStopped if the guest stopped running."""
         assert self._qemu is not None, "start() first"
         exit_code = self.ctl_dir / "exit_code"
         finished = exit_code.exists()
@@ -236,7 +244,17 @@ class Guest:
                 and elapsed - self.boot_seconds > self._run_timeout:
             raise self._error(GuestTimeout,
                               f"command did not finish within {self._run_timeout:.0f} s")
+        silent = self._heartbeat_age()
+        if self.boot_seconds is not None and silent > self.config.stopped_after:
+            raise self._error(GuestStopped, f"the guest stopped: no heartbeat for {silent:.0f} s")
         return None
+
+    def _heartbeat_age(self) -> float:
+        """Seconds since the guest last wrote its heartbeat (or started the job)."""
+        for name in ("heartbeat", "started"):
+            with contextlib.suppress(FileNotFoundError):
+                return time.time() - (self.ctl_dir / name).stat().st_mtime
+        return 0.0
 
     def wait(self) -> int:
         """Block until the job ends; its exit status."""
@@ -299,7 +317,12 @@ class Guest:
 
     def _error(self, kind: type[GuestError], message: str) -> GuestError:
         self._keep_ctl_dir = True
-        return kind(f"{message}\n{self.console_tail()}")
+        heartbeat = self.ctl_dir / "heartbeat"
+        last = ""
+        with contextlib.suppress(FileNotFoundError):
+            last = (f"\n--- heartbeat, {self._heartbeat_age():.0f} s old (uptime, load, "
+                    f"processes) ---\n{heartbeat.read_text(errors='replace')}")
+        return kind(f"{message}\n{self.console_tail()}{last}")
 
     def _write_job(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> None:
         assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
