@@ -58,7 +58,7 @@ run_job() {
     beating=$!
     status=0
     /bin/sh "$ctl/job.sh" </dev/null >"$ctl/stdout" 2>"$ctl/stderr" || status=$?
-    kill "$beating"
+    kill "$beating" 2>/dev/null || true
     echo "$status" >"$ctl/exit_code.tmp"
     mv "$ctl/exit_code.tmp" "$ctl/exit_code"
 }
@@ -66,6 +66,7 @@ run_job() {
 # The guest's uptime, load and processes but kernel threads (with what each waits for in
 # the kernel), for the host to show when the job takes too long.
 heartbeat() {
+    set +e  # (a background subshell: the init's own set -e stays) a missed beat is no error
     while :; do
         { cat /proc/uptime /proc/loadavg
           /usr/bin/ps --ppid 2 -p 2 --deselect -o pid,ppid,stat,wchan:28,etimes,times,args 2>&1 | cut -c1-240
