@@ -37,11 +37,14 @@ test: deps lint
 test-swarm: deps
 	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
 
-# --- dqoesd as a system service (run as root; see README, "Running it as a service") ------
+# --- dqoesd and the cluster's services (run as root; see README, "Running it as a service"
+# and "The cluster") ------------------------------------------------------------------------
+# Each has systemd/NAME.service and its options file systemd/NAME.default.
+SERVICES = dqoesd dqoes-agent dqoes-manager
 UNITDIR ?= /etc/systemd/system
 STATEDIR ?= /var/lib/dqoes
 RUNDIR ?= /run/dqoes
-DEFAULTS ?= /etc/default/dqoesd
+DEFAULTDIR ?= /etc/default
 # Where Docker finds the dqoes volume driver (dqoesd serves it on $(RUNDIR)/plugin.sock).
 DOCKER_PLUGINS ?= /etc/docker/plugins
 # What pip installs: this checkout, or a wheel built elsewhere (`pip wheel .`).
@@ -51,12 +54,14 @@ PIP_FLAGS ?=
 SCRIPTS := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 SYSTEMD_RUNNING = test -d /run/systemd/system
 
-# The package for $(PYTHON), dqoesd and dqoesctl on $(PREFIX)/bin, the state directory, the
-# unit (ExecStart: the installed dqoesd), its options file and Docker's spec file of the
-# volume driver; systemd creates $(RUNDIR).
+# The package for $(PYTHON), its scripts on $(PREFIX)/bin, the state directory, the units
+# (ExecStart: the installed script), their options files and Docker's spec file of the
+# volume driver; systemd creates $(RUNDIR). Nothing is enabled or started.
 install: install-package install-unit
 	! $(SYSTEMD_RUNNING) || systemctl daemon-reload
-	@echo "dqoesd installed: systemctl enable --now dqoesd; options in $(DEFAULTS)"
+	@echo "dqoesd installed: systemctl enable --now dqoesd; options in $(DEFAULTDIR)/dqoesd"
+	@echo "On a Swarm: systemctl enable --now dqoes-agent on every node, dqoes-manager on a" \
+	    "manager node; options in $(DEFAULTDIR)/dqoes-agent, $(DEFAULTDIR)/dqoes-manager"
 
 install-package:
 	$(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
@@ -67,24 +72,30 @@ install-package:
 	install -d -m 0700 $(STATEDIR)
 
 install-unit:
-	install -d -m 0755 $(UNITDIR)
-	sed 's|^ExecStart=[^ ]*|ExecStart=$(SCRIPTS)/dqoesd|' $(ROOT)/systemd/dqoesd.service \
-	    > $(UNITDIR)/dqoesd.service.tmp
-	chmod 0644 $(UNITDIR)/dqoesd.service.tmp
-	mv $(UNITDIR)/dqoesd.service.tmp $(UNITDIR)/dqoesd.service
-	[ -e $(DEFAULTS) ] || install -m 0644 $(ROOT)/systemd/dqoesd.default $(DEFAULTS)
+	install -d -m 0755 $(UNITDIR) $(DEFAULTDIR)
+	set -e; for s in $(SERVICES); do \
+	    sed "s|^ExecStart=[^ ]*|ExecStart=$(SCRIPTS)/$$s|" $(ROOT)/systemd/$$s.service \
+	        > $(UNITDIR)/$$s.service.tmp; \
+	    chmod 0644 $(UNITDIR)/$$s.service.tmp; \
+	    mv $(UNITDIR)/$$s.service.tmp $(UNITDIR)/$$s.service; \
+	    [ -e $(DEFAULTDIR)/$$s ] || \
+	        install -m 0644 $(ROOT)/systemd/$$s.default $(DEFAULTDIR)/$$s; \
+	done
 	install -d -m 0755 $(DOCKER_PLUGINS)
 	echo "unix://$(RUNDIR)/plugin.sock" > $(DOCKER_PLUGINS)/dqoes.spec
 
-# Stop the service (which gives every container its limit back) and remove what install
-# put in place; an options file that was edited is kept.
+# Stop the services (dqoesd gives every container its limit back) and remove what install
+# put in place; an options file that was edited is kept. One unit at a time: one that is
+# not installed (an older install) does not keep the others running.
 uninstall:
-	! $(SYSTEMD_RUNNING) || systemctl disable --now dqoesd.service || true
-	rm -f $(UNITDIR)/dqoesd.service
+	! $(SYSTEMD_RUNNING) || for s in $(SERVICES); do \
+	    systemctl disable --now $$s.service || true; done
+	rm -f $(SERVICES:%=$(UNITDIR)/%.service)
 	! $(SYSTEMD_RUNNING) || systemctl daemon-reload
 	for s in dqoesd dqoesctl dqoes-agent dqoes-manager; do \
 	    [ ! -L $(PREFIX)/bin/$$s ] || rm -f $(PREFIX)/bin/$$s; done
-	! cmp -s $(ROOT)/systemd/dqoesd.default $(DEFAULTS) || rm -f $(DEFAULTS)
+	for s in $(SERVICES); do \
+	    ! cmp -s $(ROOT)/systemd/$$s.default $(DEFAULTDIR)/$$s || rm -f $(DEFAULTDIR)/$$s; done
 	rm -f $(DOCKER_PLUGINS)/dqoes.spec
 	# not into the ring volumes of containers still running (tmpfs mounts of their own)
 	rm -rf --one-file-system $(STATEDIR) $(RUNDIR)
