@@ -168,6 +168,19 @@ def test_an_agent_reports_over_mutual_tls_and_its_dqoesd_gets_the_labels(
     assert view.satisfied() == 1
 
 
+def test_the_manager_listens_on_an_ipv6_address_too(cluster: Cluster) -> None:
+    server = Server(cluster.manager, cluster.creds["node1"], cluster.ca.swarm, ("::1", 0))
+    server.start()
+    try:
+        channel = connect(server, cluster.creds["node2"], cluster.id("node1"))
+        try:
+            assert isinstance(exchange(channel, report(1, container(CID_WEB))), Ack)
+        finally:
+            channel.close()
+    finally:
+        server.close()
+
+
 def test_a_node_reports_only_about_its_own_tasks(cluster: Cluster, server: Server) -> None:
     channel = connect(server, cluster.creds["node2"], cluster.id("node1"))
     try:

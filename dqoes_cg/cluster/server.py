@@ -40,7 +40,8 @@ class Server:
         self.swarm_id = swarm_id
         self._version = credentials.version()
         self._context = credentials.server_context()
-        self._listener = socket.create_server(address, backlog=128)
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._listener = socket.create_server(address, family=family, backlog=128)
         self._listener.settimeout(POLL_S)
         self.address = self._listener.getsockname()[:2]
         self._stopping = threading.Event()
