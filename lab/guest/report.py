@@ -78,6 +78,8 @@ class TimeLimit:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        # stderr as it is now, before pytest captures the tests' output into its own files
+        self._stderr = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
 
     @classmethod
     def from_environment(cls) -> TimeLimit:
@@ -87,7 +89,7 @@ class TimeLimit:
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
         previous = signal.signal(signal.SIGALRM, self._expired)
         signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        faulthandler.dump_traceback_later(self.seconds + 60, file=sys.__stderr__)
+        faulthandler.dump_traceback_later(self.seconds + 60, file=self._stderr)
         try:
             yield
         finally:
