@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from dqoes_cg.ctl import format_status
 from lab import testbed
 from lab.shell import wait_for
 from lab.testbed import solo_latency
@@ -37,6 +38,12 @@ def _wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
 
 def _classes(bed: testbed.Testbed) -> dict[str, str]:
     return {c.name.rsplit("/", 1)[1]: c.cls for c in bed.status().containers}
+
+
+def _explain(bed: testbed.Testbed, names: Iterable[str]) -> str:
+    files = "\n".join(f"{n}/cpu.max: {bed.cpu_max(n)}" for n in names)
+    return (f"--- status ---\n{format_status(bed.status())}\n--- files ---\n{files}\n"
+            f"--- dqoesd's log ---\n{bed.daemon_log.read_text()[-6000:]}")
 
 
 def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
@@ -58,17 +65,18 @@ def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
         _wait_for(lambda: all(bed.cpu_max(n) != "max 100000" and bed.cpu_max(n)
                               != CUSTOM_ORIGINAL for n in targets), 180, "first limits")
 
-        # The satisfied count rises from 0 (even share: two in B, two in G) to all four;
-        # one may flicker out of S at a given moment on a noisy emulated CPU.
-        final = _wait_for(lambda: (c := _classes(bed)) and
-                          sum(v == "S" for v in c.values()) >= 3 and c, 360,
-                          "at least 3 of 4 targets met")
-        status = {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
-        log = bed.daemon_log.read_text()
-        # CPU moved: the daemon's limits favour the tight targets (per-tick usage is too
-        # noisy on an emulated CPU to compare).
-        limit = {n: c.cpu_limit_cores or float("inf") for n, c in status.items()}
-        assert min(limit["w1"], limit["w2"]) > max(limit["w3"], limit["w4"]), (final, log)
+        # The satisfied count rises from 0 (even share: two in B, two in G) to all four (one
+        # may flicker out of S at a given moment on a noisy emulated CPU), and CPU moved: the
+        # daemon's limits favour the tight targets (per-tick usage is too noisy on an
+        # emulated CPU to compare). One status is one tick's view: both are waited for.
+        def settled() -> bool:
+            status = {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
+            limit = {n: c.cpu_limit_cores or float("inf") for n, c in status.items()}
+            return (sum(c.cls == "S" for c in status.values()) >= 3
+                    and min(limit["w1"], limit["w2"]) > max(limit["w3"], limit["w4"]))
+
+        wait_for(settled, 360, "at least 3 of 4 targets met, the tight ones with the larger "
+                 "limits", explain=lambda: _explain(bed, targets), every=0.5)
 
         # kill -9: the limits stay in force, and a new daemon re-adopts them.
         limits = {n: bed.cpu_max(n) for n in targets}
@@ -90,16 +98,17 @@ def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
 
 
 def test_reconcile_gone_and_rebind(tmp_path: Path) -> None:
+    # (the deadlines bound a hang; the daemon ticks every 0.3 s)
     with testbed.Testbed(f"dqoes-test-{os.getpid()}", tmp_path) as bed:
         bed.start_daemon("--sample-interval", "0.3", "--interval", "1")
         bed.add_worker("w1", "tiny", target_s=1e-6, metric="mean")  # unachievable: B
         bed.add_worker("w2", "tiny", target_s=10.0, metric="mean")  # far above: G
-        _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 30, "a limit on w2")
+        _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 120, "a limit on w2")
 
         # Someone else rewrites the limit: the daemon puts its own back and says so, whether
         # its read-back or its next write of a new limit finds the foreign value first.
         (bed.root / "w2" / "cpu.max").write_text("max 100000")
-        _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 30, "the limit written back")
+        _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 120, "the limit written back")
         assert "changed to 'max 100000' by someone else" in bed.daemon_log.read_text()
         assert bed.status().host.foreign_writes >= 1
 
@@ -108,10 +117,10 @@ def test_reconcile_gone_and_rebind(tmp_path: Path) -> None:
         worker = bed.workers.pop("w2")
         worker.proc.kill()
         worker.proc.wait()
-        _wait_for(lambda: _rmdir(worker.cgroup), 10, "w2's cgroup removed")
-        _wait_for(lambda: _classes(bed)["w2"] == "pending", 10, "w2 pending")
+        _wait_for(lambda: _rmdir(worker.cgroup), 60, "w2's cgroup removed")
+        _wait_for(lambda: _classes(bed)["w2"] == "pending", 120, "w2 pending")
         bed.add_worker("w2", "tiny")
-        _wait_for(lambda: _classes(bed)["w2"] != "pending", 15, "w2 bound again")
+        _wait_for(lambda: _classes(bed)["w2"] != "pending", 120, "w2 bound again")
 
 
 def _rmdir(path: Path) -> bool:
