@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write(res, args.out)
     print(f"\nreport: {args.out / 'REPORT.md'}")
     for check in report.check_targets(res):
-        verdict = {True: "met", False: "MISSED", None: "not measured"}[check.met]
+        verdict = {True: "met", False: "MISSED", None: "no verdict"}[check.met]
         print(f"  {verdict:12} {check.target} [{check.where}]: {check.figure}")
     return 0
 

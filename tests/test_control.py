@@ -128,7 +128,7 @@ def test_malformed_requests_get_one_line_errors(public_daemon: Daemon, payload: 
 
 
 def test_a_full_backlog_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "busy.sock"
+    path = tmp_path / "dqoesd.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(path))
     server.listen(0)  # never accepts
@@ -145,7 +145,7 @@ def test_a_full_backlog_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
             waiting.append(s)
         assert ctl.main(["--socket", str(path), "list"]) == ctl.EXIT_UNAVAILABLE
         _, err = capsys.readouterr()
-        assert err.count("\n") == 1 and "busy" in err, err
+        assert err.count("\n") == 1 and "daemon busy" in err, err
     finally:
         for s in waiting:
             s.close()

@@ -18,6 +18,8 @@ import pytest
 from dqoes_cg.actuator import BACKOFF_S
 from dqoes_cg.config import Config
 from dqoes_cg.controller import Controller
+from dqoes_cg.ctl import format_status
+from dqoes_cg.metrics import render
 from dqoes_cg.policy import Decision, Observation
 from dqoes_cg.state import StateError, StateStore
 from dqoes_cg.targets import TargetError
@@ -65,6 +67,14 @@ class Host:
         self.b = make_cgroup(self.mount, "docker/" + "b" * 64)
         self.policy = FixedPolicy()
 
+    def names(self) -> tuple[str, str]:
+        return str(self.a.relative_to(self.mount)), str(self.b.relative_to(self.mount))
+
+    def re_create(self, cgroup: Path) -> None:
+        """Removes the cgroup and makes a new one at its path, holding no limit."""
+        shutil.rmtree(cgroup)
+        make_cgroup(self.mount, str(cgroup.relative_to(self.mount)), cpu_max="max 100000\n")
+
     def controller(self, policy: FixedPolicy | None = None) -> Controller:
         cfg = Config(mount=self.mount, state_dir=self.tmp / "state", run_dir=self.tmp / "run",
                      cpus=2, reconcile_interval=0.0)  # read back at every tick
@@ -74,13 +84,37 @@ class Host:
         return {t.name: vars(t) for t in StateStore(self.tmp / "state").load().values()}
 
 
+class KernelHost(Host):
+    """The same two containers as real cgroups, in a fresh test cgroup."""
+
+    def __init__(self, tmp: Path, mount: Path, root: Path) -> None:
+        self.tmp, self.mount, self.policy = tmp, mount, FixedPolicy()
+        self.a, self.b = root / "a", root / "b"
+        for cgroup in (self.a, self.b):
+            cgroup.mkdir()
+        (self.a / "cpu.max").write_text(ORIGINAL)
+
+    def re_create(self, cgroup: Path) -> None:
+        cgroup.rmdir()
+        cgroup.mkdir()
+
+
 @pytest.fixture
 def host(tmp_path: Path) -> Host:
     return Host(tmp_path)
 
 
+@pytest.fixture(params=["fake tree", pytest.param("real cgroup", marks=pytest.mark.kernel)])
+def any_host(request: pytest.FixtureRequest, tmp_path: Path) -> Host:
+    """The fake tree on this host, and real cgroups (a cgroup v2 kernel: here or the guest)."""
+    if request.param == "fake tree":
+        return Host(tmp_path)
+    return KernelHost(tmp_path, request.getfixturevalue("cgroup2_mount"),
+                      request.getfixturevalue("cgroup_root"))
+
+
 def _names(host: Host) -> tuple[str, str]:
-    return "docker/" + "a" * 64, "docker/" + "b" * 64
+    return host.names()
 
 
 def test_original_is_journalled_before_the_first_write_and_given_back_on_unset(
@@ -139,15 +173,15 @@ def test_a_crash_keeps_the_limits_and_a_new_daemon_re_adopts_them(
     assert (_cpu_max(host.a), _cpu_max(host.b)) == (ORIGINAL, "max 100000")
 
 
-def test_a_cgroup_re_created_while_down_is_not_given_the_old_original(host: Host) -> None:
+def test_a_cgroup_re_created_while_down_is_not_given_the_old_original(any_host: Host) -> None:
+    host = any_host
     a, _ = _names(host)
     c = host.controller()
     c.set_target(a, 0.1, "mean", False)
     c.tick(time.monotonic())
     assert host.state()[a]["original_max"] == ORIGINAL
     # Down (a crash); the container is removed and a new one made under the same path.
-    shutil.rmtree(host.a)
-    make_cgroup(host.mount, a, cpu_max="max 100000\n")
+    host.re_create(host.a)
     again = host.controller()
     assert host.state()[a]["original_max"] is None
     again.tick(time.monotonic())  # it binds the new cgroup,
@@ -176,7 +210,9 @@ def test_foreign_writes_are_seen_before_our_next_write_and_at_reconcile(
     c.shutdown()
 
 
-def test_a_fight_is_left_to_the_other_writer(host: Host) -> None:
+def test_a_fight_is_left_to_the_other_writer(any_host: Host,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    host = any_host
     a, _ = _names(host)
     c = host.controller()
     c.set_target(a, 0.1, "mean", False)
@@ -188,6 +224,14 @@ def test_a_fight_is_left_to_the_other_writer(host: Host) -> None:
     row = c.status().containers[0]
     assert row.contested and row.foreign_writes == 3
     assert c.status().host.contested == 1
+    # Said once a minute in the log, and at every look in the status and the metrics.
+    assert caplog.text.count("was changed to") == 1, caplog.text  # 3 writes, 1 line
+    assert "rewritten by someone else 3 times" in caplog.text
+    shown = format_status(c.status())
+    assert f"{a}" in shown and "!" in shown and "1 contested" in shown, shown
+    metrics = render(c.status())
+    assert f'dqoes_container_foreign_writes_total{{container="{a}"}} 3' in metrics
+    assert f'dqoes_container_contested{{container="{a}"}} 1' in metrics
     for k in range(5):  # left alone while contested, and not counted again
         write(host.a / "cpu.max", f"{30000 + k} 100000\n")
         c.tick(now + 10 + k)

@@ -255,6 +255,36 @@ def test_a_request_waiting_when_a_tick_overran_is_answered_in_one_look(
         server.close()
 
 
+def test_a_client_that_does_not_read_its_reply_holds_up_nothing(tmp_path: Path) -> None:
+    """A reply many socket buffers long goes out as its client reads it: the look that
+    answers returns with the rest still to send (the loop goes on), and the client then
+    gets all of it."""
+    reply = "x" * (8 << 20)
+    server = ControlServer(tmp_path / "s.sock", lambda op, req, peer: reply,
+                           {"status": False})
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(str(server.path))
+        client.sendall(b'{"version": 1, "op": "status"}\n')
+        server.poll(0.0)  # no reader yet: a blocking send would wait here, then drop it
+        data = bytearray()
+        deadline = time.monotonic() + 120
+        while not data.endswith(b"\n"):
+            assert time.monotonic() < deadline, f"{len(data)} bytes of the reply came"
+            try:
+                chunk = client.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                chunk = None
+            if chunk == b"":
+                break  # dropped
+            data += chunk or b""
+            server.poll(0.0)
+        assert json.loads(data)["result"] == reply, f"{len(data)} bytes, then closed"
+    finally:
+        client.close()
+        server.close()
+
+
 # --- the real daemon ----------------------------------------------------------------------
 
 TARGETS = 300
