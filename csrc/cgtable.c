@@ -23,11 +23,13 @@
  * its end, which is reported as malformed rather than parsed. */
 #define STAT_BUF 4096
 #define MAX_BUF  64
+#define PSI_BUF  512 /* two lines of about 70 bytes */
 
 struct dq_cgentry {
     int stat_fd; /* >= 0: open descriptor; < 0: -errno of the failed open */
     int max_fd;
-    int err; /* errno behind the last non-OK status */
+    int err;   /* errno behind the last non-OK status */
+    char *dir; /* for cpu.pressure, opened only when read (once a decision window) */
 };
 
 struct dq_cgtable {
@@ -74,6 +76,7 @@ static int open_file(int dirfd, const char *name, int flags)
 
 static void open_entry(struct dq_cgentry *e, const char *dir)
 {
+    e->dir = strdup(dir); /* NULL when out of memory: its pressure is then unknown */
     int dirfd = open_nofollow(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY);
     if (dirfd < 0) {
         e->err = errno;
@@ -98,7 +101,8 @@ dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n)
         if (dirs[i])
             open_entry(&t->e[i], dirs[i]);
         else /* to be adopted from another table */
-            t->e[i] = (struct dq_cgentry){.stat_fd = -EBADF, .max_fd = -EBADF, .err = EBADF};
+            t->e[i] =
+                (struct dq_cgentry){.stat_fd = -EBADF, .max_fd = -EBADF, .err = EBADF, .dir = NULL};
     }
     return t;
 }
@@ -112,9 +116,11 @@ int dq_cgtable_adopt(dq_cgtable *dst, size_t i, dq_cgtable *src, size_t j)
         close(to->stat_fd);
     if (to->max_fd >= 0)
         close(to->max_fd);
+    free(to->dir);
     *to = *from;
     from->stat_fd = from->max_fd = -EBADF;
     from->err = EBADF;
+    from->dir = NULL;
     return 0;
 }
 
@@ -127,15 +133,14 @@ void dq_cgtable_close(dq_cgtable *t)
             close(t->e[i].stat_fd);
         if (t->e[i].max_fd >= 0)
             close(t->e[i].max_fd);
+        free(t->e[i].dir);
     }
     free(t);
 }
 
-/* Records err as the entry's outcome and returns the matching status. A cgroup removed
- * under an open descriptor answers ENODEV. */
-static int32_t settle(struct dq_cgentry *e, int err)
+/* The status of an outcome. A cgroup removed under an open descriptor answers ENODEV. */
+static int32_t status_of(int err)
 {
-    e->err = err;
     switch (err) {
     case 0:
         return DQ_CG_OK;
@@ -148,6 +153,13 @@ static int32_t settle(struct dq_cgentry *e, int err)
     default:
         return DQ_CG_ERROR;
     }
+}
+
+/* Records err as the entry's outcome and returns the matching status. */
+static int32_t settle(struct dq_cgentry *e, int err)
+{
+    e->err = err;
+    return status_of(err);
 }
 
 /* Reads the whole file from offset 0. Returns its length, or -errno; content that fills
@@ -354,6 +366,57 @@ size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_
             continue;
         quota_usec[i] = quota;
         period_usec[i] = period;
+        ok++;
+    }
+    return ok;
+}
+
+/* Parses the total of the "some" line of cpu.pressure ("some avg10=... total=<usec>");
+ * the "full" line and the averages are ignored. Returns 0 or EBADMSG. */
+static int parse_pressure_some(const char *buf, size_t len, uint64_t *total)
+{
+    static const char key[] = " total=";
+    const char *end = memchr(buf, '\n', len);
+    const char *p;
+
+    if (!end)
+        end = buf + len;
+    if (end - buf < 5 || memcmp(buf, "some ", 5) != 0)
+        return EBADMSG;
+    p = memmem(buf, (size_t)(end - buf), key, sizeof key - 1);
+    if (!p || parse_u64(p + sizeof key - 1, end, total) != end)
+        return EBADMSG;
+    return 0;
+}
+
+/* Reads the "some" total of dir/cpu.pressure, opening it for this read only. Returns 0 or
+ * an errno (ENOENT where the kernel has no pressure stall information). */
+static int read_pressure(const char *dir, uint64_t *total)
+{
+    char buf[PSI_BUF];
+    int dirfd = open_nofollow(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY);
+    if (dirfd < 0)
+        return errno;
+    int fd = open_file(dirfd, "cpu.pressure", O_RDONLY);
+    close(dirfd);
+    if (fd < 0)
+        return -fd;
+    ssize_t n = read_all(fd, buf, sizeof buf);
+    close(fd);
+    return n < 0 ? (int)-n : parse_pressure_some(buf, (size_t)n, total);
+}
+
+size_t dq_cgtable_pressure(dq_cgtable *t, uint64_t *some_usec, int32_t *status)
+{
+    size_t ok = 0;
+
+    for (size_t i = 0; i < t->n; i++) {
+        uint64_t total = 0;
+        int err = t->e[i].dir ? read_pressure(t->e[i].dir, &total) : EBADF;
+        status[i] = status_of(err);
+        if (err)
+            continue;
+        some_usec[i] = total;
         ok++;
     }
     return ok;

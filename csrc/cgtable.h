@@ -51,6 +51,14 @@ size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t 
 size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_usec,
                             int32_t *status);
 
+/* Reads the total of the "some" line of every entry's cpu.pressure: the time, in
+ * microseconds, during which at least one of its tasks was runnable but waited for a CPU
+ * (pressure stall information). The file is opened for each read, not kept open: this is
+ * read once a decision window, not every tick. Where status is OK the total is updated;
+ * status is not the entry's (dq_cgtable_errno is not changed). Returns the number of OK
+ * entries. */
+size_t dq_cgtable_pressure(dq_cgtable *t, uint64_t *some_usec, int32_t *status);
+
 /* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0. */
 int dq_cgtable_errno(const dq_cgtable *t, size_t i);
 

@@ -126,6 +126,9 @@ class CgroupTable:
     max_period_usec = _Array(np.int64)
     read_back_status = _Array(np.int32, Status.ERROR)
     drifted = _Array(np.bool_, False)
+    # pressure(): time a task of the cgroup waited for a CPU (cpu.pressure "some"), Status
+    waited_usec = _Array(np.uint64)
+    pressure_status = _Array(np.int32, Status.ERROR)
 
     def __init__(self, dirs: Sequence[str | os.PathLike[str]],
                  adopt: CgroupTable | None = None) -> None:
@@ -167,6 +170,13 @@ class CgroupTable:
         p = self._ptr
         return lib.dq_cgtable_sample(self._handle(), p["usage_usec"], p["throttled_usec"],
                                      p["nr_periods"], p["nr_throttled"], p["status"])
+
+    def pressure(self) -> int:
+        """Reads every cgroup's CPU pressure total into `waited_usec` (opening cpu.pressure
+        for the read: once a window, not a tick); returns the number of OK slots. A kernel
+        without pressure stall information leaves every slot not OK."""
+        p = self._ptr
+        return lib.dq_cgtable_pressure(self._handle(), p["waited_usec"], p["pressure_status"])
 
     def apply(self, quota_usec: np.ndarray | int | None = None,
               period_usec: np.ndarray | int | None = None) -> int:

@@ -58,6 +58,9 @@ class Fleet:
         self.score = np.full(n, np.nan)
         self.window_start = np.full(n, now)
         self.usage_at_window = np.zeros(n, np.uint64)
+        self.waited = np.full(n, np.nan)
+        self.waited_at_window = np.zeros(n, np.uint64)
+        self.pressure_known = np.zeros(n, bool)  # waited_at_window holds a reading
         # Training jobs: the latest report (value, and time in s), kept across windows, and
         # the interval of the last window (the policy's inputs).
         self.evaluation = np.full(n, np.nan)
@@ -80,8 +83,11 @@ class Fleet:
         self._v = np.zeros(n, np.uint64)
         self._reported = np.zeros(n, bool)
         self._first = np.zeros(n, bool)
+        self._read = np.zeros(n, bool)
+        self._unknown = np.zeros(n, bool)
         self.obs = Observation(target=self.target_s, measured=self.measured, usage=self.usage,
-                               limit=limit, training=self.training, classes=self.classes,
+                               limit=limit, waited=self.waited, training=self.training,
+                               classes=self.classes,
                                eval_prev=self.eval_prev, eval_prev_at=self.eval_prev_at,
                                eval_last=self.eval_last, eval_last_at=self.eval_last_at)
 
@@ -90,13 +96,16 @@ class Fleet:
             np.copyto(a, table.usage_usec)
         np.copyto(self.periods_prev, table.nr_periods)
         np.copyto(self.throttled_prev, table.nr_throttled)
+        table.pressure()
+        np.copyto(self.waited_at_window, table.waited_usec)
+        np.equal(table.pressure_status, Status.OK, out=self.pressure_known)
         self.carried = np.full(n, -1, np.intp)  # each slot's slot in `previous`; -1: joined
         if previous is not None:
             new, old = carry_index(self.names, previous.names)
             self.carried[new] = old
             for attr in ("measured", "usage", "samples", "classes", "score", "window_start",
-                         "usage_at_window", "tick_cores", "throttled_ratio", "evaluation",
-                         "evaluated_at"):
+                         "usage_at_window", "waited_at_window", "pressure_known",
+                         "tick_cores", "throttled_ratio", "evaluation", "evaluated_at"):
                 getattr(self, attr)[new] = getattr(previous, attr)[old]
 
     def __len__(self) -> int:
@@ -145,8 +154,23 @@ class Fleet:
         np.multiply(self._g, 1e6 * self.cpus, out=self._g)
         np.divide(self._u, self._g, out=self.usage)
         np.copyto(self.usage_at_window, self.table.usage_usec)
+        self._waited()
         self.window_start.fill(now)
         return self.obs
+
+    def _waited(self) -> None:
+        """The CPU each container waited for over the window (its pressure), in the units
+        of usage (self._g holds the window's CPU time); NaN where either end is unknown."""
+        t, read = self.table, self._read
+        t.pressure()
+        np.equal(t.pressure_status, Status.OK, out=read)
+        np.subtract(t.waited_usec, self.waited_at_window, out=self._u)
+        np.divide(self._u, self._g, out=self.waited)
+        np.logical_and(read, self.pressure_known, out=self._unknown)
+        np.logical_not(self._unknown, out=self._unknown)
+        np.copyto(self.waited, np.nan, where=self._unknown)
+        np.copyto(self.waited_at_window, t.waited_usec, where=read)
+        np.copyto(self.pressure_known, read)
 
     def _reports(self, w: WindowStats) -> None:
         """The interval of each training job's reports: from its last before the window

@@ -320,6 +320,48 @@ def test_an_empty_table_works() -> None:
         assert (t.sample(), t.apply(), t.read_back()) == (0, 0, 0)
 
 
+PRESSURE = ("some avg10=1.50 avg60=0.40 avg300=0.08 total={}\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n")
+
+
+@pytest.mark.parametrize(("content", "status", "total"), [
+    (PRESSURE.format(123456), Status.OK, 123456),
+    ("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", Status.OK, 0),
+    (PRESSURE.format(18446744073709551615), Status.OK, 18446744073709551615),
+    (PRESSURE.format(18446744073709551616), Status.MALFORMED, None),  # one past u64
+    (PRESSURE.format(-1), Status.MALFORMED, None),
+    ("full avg10=0.00 avg60=0.00 avg300=0.00 total=7\n", Status.MALFORMED, None),
+    ("some avg10=0.00 total=12 extra\n", Status.MALFORMED, None),
+    ("some avg10=0.00\n", Status.MALFORMED, None),
+    ("", Status.MALFORMED, None),
+    ("x" * 4096, Status.MALFORMED, None),
+    (None, Status.GONE, None),  # no pressure stall information: no file
+], ids=["ok", "zero", "largest", "overflow", "negative", "no some line", "trailing",
+        "no total", "empty", "too long", "absent"])
+def test_pressure_reads_the_some_total(tmp_path: Path, content: str | None, status: Status,
+                                       total: int | None) -> None:
+    cg = make_cgroup(tmp_path, "a")
+    if content is None:
+        (cg / "cpu.pressure").unlink()
+    else:
+        write(cg / "cpu.pressure", content)
+    with CgroupTable([cg]) as t:
+        t.waited_usec[0] = 5
+        assert t.pressure() == (status == Status.OK)
+        assert t.pressure_status[0] == status
+        assert int(t.waited_usec[0]) == (5 if total is None else total)
+        assert t.status[0] == Status.ERROR and t.error(0) == "ok"  # the entry's own: untouched
+
+
+def test_pressure_never_follows_a_symlink(tmp_path: Path) -> None:
+    cg = make_cgroup(tmp_path, "a")
+    (cg / "cpu.pressure").unlink()
+    write(tmp_path / "elsewhere", PRESSURE.format(99))
+    (cg / "cpu.pressure").symlink_to(tmp_path / "elsewhere")
+    with CgroupTable([cg]) as t:
+        assert t.pressure() == 0 and t.pressure_status[0] != Status.OK
+
+
 # --- real cgroup v2 (kernel) ----------------------------------------------------------
 
 
@@ -373,6 +415,27 @@ def test_a_half_cpu_cap_holds(cgroup_root: Path, busy: list[subprocess.Popen]) -
             windows.append(cpus_over(t, 2.0))
         assert max(windows) <= 0.55 and max(windows) >= 0.45, windows
         assert t.nr_throttled[0] > throttled and t.throttled_usec[0] > 0
+
+
+@pytest.mark.kernel
+def test_pressure_counts_the_time_a_task_waited_for_a_cpu(
+        cgroup_root: Path, busy: list[subprocess.Popen]) -> None:
+    crowded, alone = mkcgroups(cgroup_root, 2)
+    with CgroupTable([crowded, alone]) as t:
+        assert t.pressure() == 2, t.pressure_status
+        start = t.waited_usec.copy()
+        # More spinning tasks than CPUs: one of them always waits.
+        for _ in range((os.cpu_count() or 1) + 1):
+            busy.append(start_busy(crowded))
+        deadline = time.monotonic() + 120
+        while True:
+            assert t.pressure() == 2, t.pressure_status
+            waited = (t.waited_usec - start) / 1e6
+            if waited[0] >= 1.0:
+                break
+            assert time.monotonic() < deadline, f"waited {waited} s in 120 s"
+            time.sleep(0.2)
+        assert waited[1] < 0.1 * waited[0], waited  # nothing of its own ran
 
 
 @pytest.mark.kernel

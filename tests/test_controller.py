@@ -191,6 +191,27 @@ def test_a_cgroup_re_created_while_down_is_not_given_the_old_original(any_host: 
     assert _cpu_max(host.a) == "max 100000"  # not the old cgroup's 150000
 
 
+def test_a_window_tells_the_policy_how_long_each_container_waited_for_a_cpu(
+        host: Host) -> None:
+    a, b = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target(b, 0.1, "mean", False)
+    now = time.monotonic()
+    c.tick(now)
+    start = c.fleet.window_start[0]
+    write(host.a / "cpu.pressure", "some avg10=9.00 avg60=1.00 avg300=0.10 total=500000\n"
+                                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    (host.b / "cpu.pressure").unlink()  # a kernel without pressure stall information
+    obs = c.fleet.observe_window(start + 1.0)
+    # 0.5 s of waiting over a 1 s window, as a fraction of 2 CPUs (like usage); b unknown.
+    assert obs.waited is not None
+    assert obs.waited[c.fleet.slot[a]] == pytest.approx(0.25)
+    assert np.isnan(obs.waited[c.fleet.slot[b]])
+    assert c.fleet.observe_window(start + 2.0).waited[c.fleet.slot[a]] == 0.0
+    c.shutdown()
+
+
 def test_foreign_writes_are_seen_before_our_next_write_and_at_reconcile(
         host: Host, caplog: pytest.LogCaptureFixture) -> None:
     a, _ = _names(host)

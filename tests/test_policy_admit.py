@@ -158,6 +158,26 @@ def test_usage_under_the_cap_is_not_a_maximum_when_cfs_gave_the_cpu_away():
     assert d.limits[0] == pytest.approx(0.5 * COMFY)
 
 
+@pytest.mark.parametrize(("waited", "admitted"), [
+    (None, False), ([0.0] * 4, False), ([NAN] * 4, False), ([0.12, 0.0, 0.0, 0.0], True)],
+    ids=["not measured", "no wait", "unknown", "waited"])
+def test_usage_under_the_cap_is_not_a_maximum_when_the_container_waited_for_a_cpu(
+        waited: list[float] | None, admitted: bool):
+    # c0 used 0.3 of its cap 0.43 with 0.13 of the node seemingly idle. If it waited for a
+    # CPU through most of what it left (a task queued behind throttled neighbours; CPU used
+    # outside the containers), that is no maximum: its need (0.4) is still admitted.
+    pol = policy(4)
+    o = obs([1.0] * 4, [0.4 / 0.3] + [0.05 / 0.19] * 3, [0.3] + [0.19] * 3, [0.43] + [0.19] * 3)
+    if waited is not None:
+        o.waited = np.array(waited)
+    d = pol.decide(o, 0.0)
+    assert d is not None
+    if admitted:
+        assert d.limits[0] >= 0.4 * LEAN - 1e-9
+    else:
+        assert d.limits[0] == pytest.approx(0.3 * (1 + PROBE))
+
+
 def test_a_container_that_uses_more_than_its_maximum_raises_it():
     pol = policy(2)
     pol.decide(obs([1.0, 1.0], [2.0, 0.5], [0.2, 0.1], [0.5, 0.5]), 0.0)  # learned: 0.2
@@ -320,6 +340,7 @@ def test_decide_allocates_no_arrays():
     measured = target * rng.uniform(0.5, 1.5, n)
     measured[::7] = NAN
     o = obs(target, measured, usage, usage * 1.1)
+    o.waited = rng.uniform(0.0, 1.0 / n, n)
     pol = policy(n)
     assert_decides_without_allocating(pol, o)
 

@@ -43,8 +43,13 @@ The usable maximum
 ------------------
 A single-threaded worker cannot use two CPUs, whatever its cap. A container that used less
 than (1 - SLACK) of its cap (the budget if unlimited), where the CPU it left was mostly idle
-(at most twice the node's idle CPU, so that CFS did not give it to others), has shown the
-most it can use: m_i = r_i. One that uses more than its m_i raises it. Unknown: T_R.
+(at most twice the node's idle CPU, so that CFS did not give it to others) and it waited
+for a CPU through at most half of what it left (its tasks' time runnable but not running:
+cpu.pressure, where the loop measures it), has shown the most it can use:
+m_i = r_i. One that uses more than its m_i raises it. Unknown: T_R. The pressure tells a
+worker at its maximum from one that could run more but waited: on a real node the
+scheduler does not always place a task where the idle CPU is (a worker sharing a CPU with
+throttled neighbours), and CPU used outside the containers is not idle.
 
 Admission: the most containers in S
 -----------------------------------
@@ -299,6 +304,11 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     np.subtract(cap, usage, out=x)  # what it left of its cap
     np.less_equal(x, 2.0 * idle, out=s.mask)
     np.logical_and(slack, s.mask, out=slack)
+    if obs.waited is not None:  # ... and it did not wait for a CPU through most of it
+        np.multiply(obs.waited, 2.0, out=s.y)
+        np.greater(s.y, x, out=s.mask)  # NaN (unknown) compares false
+        np.logical_not(s.mask, out=s.mask)
+        np.logical_and(slack, s.mask, out=slack)
     np.logical_and(slack, est, out=slack)
     np.copyto(mem.usable, usage, where=slack)
     np.greater(usage, mem.usable, out=s.mask)  # NaN (unknown) compares false

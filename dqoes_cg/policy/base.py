@@ -59,6 +59,9 @@ class Observation:
     usage: FloatArray  # CPU used over the window, fraction of T_R
     limit: FloatArray  # current CPU limit, fraction of T_R; NaN: never set (the policy
     #                    chooses a container's first limit)
+    waited: FloatArray | None = None  # CPU time its tasks spent runnable but waiting for a
+    #                                  CPU over the window (cpu.pressure "some"), fraction
+    #                                  of T_R like usage; NaN: unknown; None: not measured
     # Training jobs. None (the default): every slot is an inference service.
     training: BoolArray | None = None  # the slot is a training job (its target and
     #                                    measured are NaN)
