@@ -20,15 +20,13 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.timing import FAKE, Stats, kernel_place, summarize
-from dqoes_cg.cgtable import raise_fd_limit
+from dqoes_cg.cgtable import FDS_PER_CGROUP, raise_fd_limit
 from lab.cgroups import remove_cgroup_tree
 from lab.fakecg import make_cgroup
 
 IDLE_PROCESSES = 1000
 FLOOR_SRC = Path(__file__).with_name("cgroup_floor.c")
-FDS_PER_CGROUP = 2
-"""Descriptors the sampling and applying parts hold per cgroup at once (cpu.stat, cpu.max)."""
-FDS_PER_CONTAINER = 3
+FDS_PER_CONTAINER = FDS_PER_CGROUP + 1
 """What the tick holds per container: one more, its ring (a probe holds none). The limit
 is raised for that many, where it may be."""
 

@@ -178,7 +178,8 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
         if FDS_PER_CONTAINER * n > cgroups.fd_room:
             rows.append(NotMeasured(
                 PART, f"a whole tick at N={n:,} on {cgroups.where}",
-                f"needs {FDS_PER_CONTAINER * n:,} open files (cpu.stat, cpu.max and the ring "
+                f"needs {FDS_PER_CONTAINER * n:,} open files (cpu.stat, cpu.max, cpu.pressure "
+                f"and the ring "
                 f"of each container); the limit here leaves {cgroups.fd_room:,}",
                 "the other place's figures at this N"))
             continue

@@ -28,8 +28,8 @@
 struct dq_cgentry {
     int stat_fd; /* >= 0: open descriptor; < 0: -errno of the failed open */
     int max_fd;
-    int err;   /* errno behind the last non-OK status */
-    char *dir; /* for cpu.pressure, opened only when read (once a decision window) */
+    int psi_fd; /* cpu.pressure; < 0 (-errno) on kernels without pressure information */
+    int err;    /* errno behind the last non-OK status */
 };
 
 struct dq_cgtable {
@@ -76,15 +76,15 @@ static int open_file(int dirfd, const char *name, int flags)
 
 static void open_entry(struct dq_cgentry *e, const char *dir)
 {
-    e->dir = strdup(dir); /* NULL when out of memory: its pressure is then unknown */
     int dirfd = open_nofollow(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY);
     if (dirfd < 0) {
         e->err = errno;
-        e->stat_fd = e->max_fd = -e->err;
+        e->stat_fd = e->max_fd = e->psi_fd = -e->err;
         return;
     }
     e->stat_fd = open_file(dirfd, "cpu.stat", O_RDONLY);
     e->max_fd = open_file(dirfd, "cpu.max", O_RDWR);
+    e->psi_fd = open_file(dirfd, "cpu.pressure", O_RDONLY); /* optional: not in e->err */
     e->err = e->stat_fd < 0 ? -e->stat_fd : e->max_fd < 0 ? -e->max_fd : 0;
     close(dirfd);
 }
@@ -101,8 +101,8 @@ dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n)
         if (dirs[i])
             open_entry(&t->e[i], dirs[i]);
         else /* to be adopted from another table */
-            t->e[i] =
-                (struct dq_cgentry){.stat_fd = -EBADF, .max_fd = -EBADF, .err = EBADF, .dir = NULL};
+            t->e[i] = (struct dq_cgentry){
+                .stat_fd = -EBADF, .max_fd = -EBADF, .psi_fd = -EBADF, .err = EBADF};
     }
     return t;
 }
@@ -116,11 +116,11 @@ int dq_cgtable_adopt(dq_cgtable *dst, size_t i, dq_cgtable *src, size_t j)
         close(to->stat_fd);
     if (to->max_fd >= 0)
         close(to->max_fd);
-    free(to->dir);
+    if (to->psi_fd >= 0)
+        close(to->psi_fd);
     *to = *from;
-    from->stat_fd = from->max_fd = -EBADF;
+    from->stat_fd = from->max_fd = from->psi_fd = -EBADF;
     from->err = EBADF;
-    from->dir = NULL;
     return 0;
 }
 
@@ -133,7 +133,8 @@ void dq_cgtable_close(dq_cgtable *t)
             close(t->e[i].stat_fd);
         if (t->e[i].max_fd >= 0)
             close(t->e[i].max_fd);
-        free(t->e[i].dir);
+        if (t->e[i].psi_fd >= 0)
+            close(t->e[i].psi_fd);
     }
     free(t);
 }
@@ -389,30 +390,16 @@ static int parse_pressure_some(const char *buf, size_t len, uint64_t *total)
     return 0;
 }
 
-/* Reads the "some" total of dir/cpu.pressure, opening it for this read only. Returns 0 or
- * an errno (ENOENT where the kernel has no pressure stall information). */
-static int read_pressure(const char *dir, uint64_t *total)
-{
-    char buf[PSI_BUF];
-    int dirfd = open_nofollow(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY);
-    if (dirfd < 0)
-        return errno;
-    int fd = open_file(dirfd, "cpu.pressure", O_RDONLY);
-    close(dirfd);
-    if (fd < 0)
-        return -fd;
-    ssize_t n = read_all(fd, buf, sizeof buf);
-    close(fd);
-    return n < 0 ? (int)-n : parse_pressure_some(buf, (size_t)n, total);
-}
-
 size_t dq_cgtable_pressure(dq_cgtable *t, uint64_t *some_usec, int32_t *status)
 {
+    char buf[PSI_BUF];
     size_t ok = 0;
 
     for (size_t i = 0; i < t->n; i++) {
+        const struct dq_cgentry *e = &t->e[i];
         uint64_t total = 0;
-        int err = t->e[i].dir ? read_pressure(t->e[i].dir, &total) : EBADF;
+        ssize_t n = e->psi_fd < 0 ? e->psi_fd : read_all(e->psi_fd, buf, sizeof buf);
+        int err = n < 0 ? (int)-n : parse_pressure_some(buf, (size_t)n, &total);
         status[i] = status_of(err);
         if (err)
             continue;

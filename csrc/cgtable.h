@@ -1,9 +1,10 @@
 /* A table of cgroup v2 directories, opened once and then sampled and limited in one call
  * per operation for all of them.
  *
- * Each entry keeps a descriptor to its cgroup's cpu.stat (read) and cpu.max (read/write);
- * one entry that cannot be opened, vanishes or holds something unexpected never fails the
- * batch: every operation fills a per-entry status instead. The arrays passed to the
+ * Each entry keeps a descriptor to its cgroup's cpu.stat (read), cpu.max (read/write) and
+ * cpu.pressure (read, where the kernel has it); one entry that cannot be opened, vanishes or
+ * holds something unexpected never fails the batch: every operation fills a per-entry
+ * status instead. The arrays passed to the
  * operations are owned by the caller and have one element per entry.
  */
 #ifndef DQOES_CGTABLE_H
@@ -53,10 +54,9 @@ size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_
 
 /* Reads the total of the "some" line of every entry's cpu.pressure: the time, in
  * microseconds, during which at least one of its tasks was runnable but waited for a CPU
- * (pressure stall information). The file is opened for each read, not kept open: this is
- * read once a decision window, not every tick. Where status is OK the total is updated;
- * status is not the entry's (dq_cgtable_errno is not changed). Returns the number of OK
- * entries. */
+ * (pressure stall information; a kernel without it has no such file, and every entry
+ * reports that). Where status is OK the total is updated; this status is not the entry's
+ * (dq_cgtable_errno is not changed). Returns the number of OK entries. */
 size_t dq_cgtable_pressure(dq_cgtable *t, uint64_t *some_usec, int32_t *status);
 
 /* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0. */

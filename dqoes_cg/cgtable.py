@@ -1,9 +1,10 @@
 """A table of cgroups sampled and limited in one C call per operation (sense and act I/O).
 
-`CgroupTable(dirs)` opens each cgroup's cpu.stat and cpu.max once and owns one numpy array
-per quantity, indexed by slot (the position in `dirs`). The per-tick methods pass cached
-pointers to those arrays to C and allocate nothing; callers read the arrays in place and
-fill requests in place (or pass them to `apply`). Membership changes build a new table.
+`CgroupTable(dirs)` opens each cgroup's cpu.stat, cpu.max and cpu.pressure once and owns one
+numpy array per quantity, indexed by slot (the position in `dirs`). The per-tick methods
+pass cached pointers to those arrays to C and allocate nothing; callers read the arrays in
+place and fill requests in place (or pass them to `apply`). Membership changes build a new
+table.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ LEAVE_ALONE = 0
 DEFAULT_PERIOD_USEC = 100_000
 """The kernel's default cpu.max period."""
 
-FDS_PER_CGROUP = 2
+FDS_PER_CGROUP = 3
 FD_MARGIN = 64
 
 _CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
@@ -52,7 +53,7 @@ _CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
 
 def raise_fd_limit(needed: int, *, hard: bool = False) -> int:
     """Makes room for `needed` more descriptors: lifts the soft RLIMIT_NOFILE towards the
-    hard one (the usual soft limit, 1024, holds about 500 cgroups at two descriptors each),
+    hard one (the usual soft limit, 1024, holds about 300 cgroups at three descriptors each),
     and with `hard` the hard one too, as far as this process may. Returns how many more
     descriptors may be opened."""
     in_use = len(os.listdir("/proc/self/fd")) + FD_MARGIN
@@ -102,7 +103,7 @@ class _Array:
 
 
 class CgroupTable:
-    """Open cpu.stat/cpu.max descriptors for a fixed list of cgroup directories.
+    """Open cpu.stat/cpu.max/cpu.pressure descriptors for a fixed list of cgroup directories.
 
     A slot whose operation failed keeps its previous values in that operation's arrays.
     """
@@ -172,9 +173,8 @@ class CgroupTable:
                                      p["nr_periods"], p["nr_throttled"], p["status"])
 
     def pressure(self) -> int:
-        """Reads every cgroup's CPU pressure total into `waited_usec` (opening cpu.pressure
-        for the read: once a window, not a tick); returns the number of OK slots. A kernel
-        without pressure stall information leaves every slot not OK."""
+        """Reads every cgroup's CPU pressure total into `waited_usec`; returns the number of
+        OK slots. A kernel without pressure stall information leaves every slot not OK."""
         p = self._ptr
         return lib.dq_cgtable_pressure(self._handle(), p["waited_usec"], p["pressure_status"])
 

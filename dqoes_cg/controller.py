@@ -60,7 +60,7 @@ from .watcher import Seen, Watcher
 
 log = logging.getLogger(__name__)
 
-FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max and the ring, while bound
+FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max, cpu.pressure and the ring
 FD_RESERVE = 512
 """Descriptors kept for all but the targets: the control socket's clients (at most 288),
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""

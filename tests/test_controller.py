@@ -197,12 +197,12 @@ def test_a_window_tells_the_policy_how_long_each_container_waited_for_a_cpu(
     c = host.controller()
     c.set_target(a, 0.1, "mean", False)
     c.set_target(b, 0.1, "mean", False)
+    (host.b / "cpu.pressure").unlink()  # as on a kernel without pressure stall information
     now = time.monotonic()
     c.tick(now)
     start = c.fleet.window_start[0]
     write(host.a / "cpu.pressure", "some avg10=9.00 avg60=1.00 avg300=0.10 total=500000\n"
                                    "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
-    (host.b / "cpu.pressure").unlink()  # a kernel without pressure stall information
     obs = c.fleet.observe_window(start + 1.0)
     # 0.5 s of waiting over a 1 s window, as a fraction of 2 CPUs (like usage); b unknown.
     assert obs.waited is not None
