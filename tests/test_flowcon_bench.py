@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from bench.flowcon.__main__ import MODELS, THREE_JOBS, main
+from bench.flowcon.__main__ import MODELS, THREE_JOBS, compare, main, summary
+from bench.flowcon.real import satisfied
 from bench.flowcon.sim import Job, Model, simulate
 from dqoes_cg.policy import Cls
 
@@ -44,3 +46,36 @@ def test_the_bench_writes_its_tables(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "summary.json").read_text())
     assert len(doc["three_jobs"]["jobs"]) == 3 and len(doc["ten_jobs"][0]["jobs"]) == 10
     assert all(j["flowcon_s"] > 0 and j["default_s"] > 0 for j in doc["ten_jobs"][0]["jobs"])
+
+
+def _mixed_run(platform: str, latency: list[float], completion: list[float]) -> dict:
+    """A real run's record as bench.flowcon.real.run writes it: two services, two jobs."""
+    windows = [{"t": t, "usage_cores": [0.2] * 4, "limit_cores": [None] * 4,
+                "latency_s": [None if t < 10 else latency[0], latency[1]]}
+               for t in range(2, 200, 2)]
+    return {"platform": platform,
+            "services": [{"name": "a", "model": "tiny", "target_s": 0.1},
+                         {"name": "b", "model": "tiny", "target_s": 0.2}],
+            "jobs": [{"name": f"Job-{k}", "model": "fast", "epochs": 10, "arrival_s": 0.0,
+                      "completion_s": c} for k, c in enumerate(completion)],
+            "makespan_s": max(completion), "windows": windows}
+
+
+def test_the_mixed_run_is_judged_until_the_first_job_ends_and_tabled() -> None:
+    runs = {"default": _mixed_run("default", [0.06, 0.3], [100.0, 150.0]),
+            "targets": _mixed_run("targets", [0.1, 0.21], [100.0, 150.0]),
+            "flowcon": _mixed_run("flowcon", [0.105, 0.19], [80.0, 120.0])}
+    runs["flowcon"]["windows"][-1]["latency_s"] = [5.0, 5.0]  # after both jobs: not judged
+    for r in runs.values():
+        r["satisfied"] = satisfied(r)
+    assert [runs[k]["satisfied"]["median"] for k in ("default", "targets", "flowcon")] \
+        == [0, 2, 2]
+    assert runs["flowcon"]["satisfied"]["latency_over_target"] == pytest.approx([1.05, 0.95])
+    assert runs["default"]["satisfied"]["windows"] == len(range(30, 101, 2))
+    text = summary(compare(THREE_JOBS), [compare(THREE_JOBS)], {
+        "where": "here", "node_cpus": 1.0, "mixed": runs,
+        **{k: _mixed_run(k, [0.1, 0.2], [10.0, 20.0]) for k in ("default", "flowcon")}})
+    table = text.split("## Services and training jobs on one node")[1]
+    assert "| dqoesd, services and jobs (FlowCon) | 2 of 2 (2) | 1.05, 0.95 | 80.0 s (-20.0%)" \
+        in table
+    assert "a 100 ms, b 200 ms" in table

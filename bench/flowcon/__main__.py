@@ -8,10 +8,13 @@ simulator (bench/flowcon/sim.py), FlowCon against the default platform (no limit
 2. The 10-job run: models drawn from the pool, arrivals at random in [0, 200 s], over
    several seeds; per-job completion times (the paper's Fig. 5) and the makespan.
 
-3. With --real, the 3-job run scaled to a real cgroup v2 kernel (real.py: real training
-   jobs on a one-CPU node; this host if it has the cpu controller on cgroup v2, else a
-   qemu guest), FlowCon against the default, into DIR/real.json; about 10 minutes. The
-   summary includes DIR/real.json whenever it is there.
+3. With --real, on a real cgroup v2 kernel (real.py: real training jobs and inference
+   services on a one-CPU node; this host if it has the cpu controller on cgroup v2, else a
+   qemu guest), into DIR/real.json, about 40 minutes: the 3-job and the 10-job runs
+   scaled to it, FlowCon against the default; and the mixed run, two inference services
+   with targets beside two training jobs, on the default platform, with dqoesd managing
+   the services only, and with dqoesd managing both (the jobs by FlowCon). The summary
+   includes DIR/real.json whenever it is there.
 
 Writes summary.md, summary.json, three_jobs.png and ten_jobs.png (and real_three_jobs.png)
 to DIR (default bench/flowcon/results). --quick: one seed, short real runs, no plots (the
@@ -37,7 +40,9 @@ from .sim import Job, Model, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
-GUEST_TIMEOUT_S = 3600.0
+RUN_TIMEOUT_S = 1200.0  # one real run (a platform of one of the three)
+GUEST_TIMEOUT_S = 7 * RUN_TIMEOUT_S
+REAL_TEN_SEED = 0
 WORKER_CPUS = 1.0
 ARRIVALS_S = 200.0  # the 10-job run's arrivals: uniform in [0, ARRIVALS_S]
 SEEDS = 10
@@ -123,21 +128,67 @@ def summary(three: dict[str, Any], ten: list[dict[str, Any]],
     lines += [f"| {j['name']} | {j['model']} | {j['arrival_s']:.0f} s | {j['default_s']:.1f} s "
               f"| {j['flowcon_s']:.1f} s | {_pct(j['change'])} |" for j in ten[0]["jobs"]]
     if real is not None:
-        default, flowcon = real["default"], real["flowcon"]
-        lines += ["", "## The 3-job run on a real kernel (python -m bench.flowcon --real)", "",
-                  f"{real['where']}; a node of {real['node_cpus']:g} CPU, lab.training jobs "
-                  "(epochs each below), released at their arrival times.", "",
-                  "| job | model | epochs | arrival | default | FlowCon | change |",
-                  "|---|---|---|---|---|---|---|"]
-        for d, f in zip(default["jobs"], flowcon["jobs"], strict=True):
-            lines.append(f"| {d['name']} | {d['model']} | {d['epochs']} | "
-                         f"{d['arrival_s']:.0f} s | {d['completion_s']:.1f} s | "
-                         f"{f['completion_s']:.1f} s | "
-                         f"{_ratio(f['completion_s'], d['completion_s'])} |")
-        lines += ["", f"Makespan {default['makespan_s']:.1f} s (default), "
-                  f"{flowcon['makespan_s']:.1f} s (FlowCon, "
-                  f"{_ratio(flowcon['makespan_s'], default['makespan_s'])})."]
+        lines += real_jobs_summary("The 3-job run", real, real)
+    if real is not None and "ten" in real:
+        lines += real_jobs_summary(f"The 10-job run (seed {REAL_TEN_SEED})", real, real["ten"])
+    if real is not None and "mixed" in real:
+        lines += mixed_summary(real["mixed"])
     return "\n".join(lines) + "\n"
+
+
+def real_jobs_summary(title: str, real: dict[str, Any], runs: dict[str, Any]) -> list[str]:
+    """A real run of jobs only: each job's completion time, default against FlowCon."""
+    default, flowcon = runs["default"], runs["flowcon"]
+    lines = ["", f"## {title} on a real kernel (python -m bench.flowcon --real)", "",
+             f"{real['where']}; a node of {real['node_cpus']:g} CPU, lab.training jobs "
+             "(epochs each below), released at their arrival times.", "",
+             "| job | model | epochs | arrival | default | FlowCon | change |",
+             "|---|---|---|---|---|---|---|"]
+    changes = []
+    for d, f in zip(default["jobs"], flowcon["jobs"], strict=True):
+        changes.append(f["completion_s"] / d["completion_s"] - 1.0)
+        lines.append(f"| {d['name']} | {d['model']} | {d['epochs']} | "
+                     f"{d['arrival_s']:.0f} s | {d['completion_s']:.1f} s | "
+                     f"{f['completion_s']:.1f} s | {_pct(changes[-1])} |")
+    mean_d, mean_f = (float(np.mean([j["completion_s"] for j in r["jobs"]]))
+                      for r in (default, flowcon))
+    lines += ["", f"Jobs faster with FlowCon: {sum(c < 0 for c in changes)} of {len(changes)} "
+              f"(best {_pct(min(changes))}); mean completion {mean_d:.1f} s (default), "
+              f"{mean_f:.1f} s (FlowCon, {_ratio(mean_f, mean_d)}); makespan "
+              f"{default['makespan_s']:.1f} s (default), {flowcon['makespan_s']:.1f} s "
+              f"(FlowCon, {_ratio(flowcon['makespan_s'], default['makespan_s'])})."]
+    return lines
+
+
+PLATFORM_TITLES = {"default": "default (no daemon)", "targets": "dqoesd, services only",
+                   "flowcon": "dqoesd, services and jobs (FlowCon)"}
+
+
+def mixed_summary(runs: dict[str, Any]) -> list[str]:
+    """The mixed run's tables: the services' |S| and the jobs' completion per platform."""
+    services = runs["default"]["services"]
+    judged_from = runs["default"]["satisfied"]["from_s"]
+    lines = ["", "## Services and training jobs on one node, real kernel", "",
+             "Two inference services (lab.workload) with targets and two training jobs "
+             "(lab.training), all from the start, on a node of 1 CPU. Each service's target is "
+             "a ratio of its latency on the default platform beside the running jobs, measured "
+             "first in the same session: " + ", ".join(
+                 f"{s['name']} {s['target_s'] * 1e3:.0f} ms" for s in services) + ". The "
+             f"services are judged from {judged_from:.0f} s until the first job ends: |S| is "
+             "the median over those windows (the least in brackets).", "",
+             "| platform | services in S | latency / target, each service | " + " | ".join(
+                 j["name"] for j in runs["default"]["jobs"]) + " | makespan |",
+             "|---|---|---|" + "---|" * len(runs["default"]["jobs"]) + "---|"]
+    for platform, title in PLATFORM_TITLES.items():
+        r = runs[platform]
+        sat = r["satisfied"]
+        ratios = ", ".join(f"{x:.2f}" for x in sat["latency_over_target"])
+        jobs = " | ".join(
+            f"{j['completion_s']:.1f} s ({_ratio(j['completion_s'], d['completion_s'])})"
+            for j, d in zip(r["jobs"], runs["default"]["jobs"], strict=True))
+        lines.append(f"| {title} | {sat['median']} of {len(services)} ({sat['least']}) | "
+                     f"{ratios} | {jobs} | {r['makespan_s']:.1f} s |")
+    return lines
 
 
 def plot(three: dict[str, Any], ten: dict[str, Any], out: Path) -> None:
@@ -213,9 +264,18 @@ def run_real(out: Path, quick: bool) -> None:
                            if "DQOES_GUEST" in os.environ else "this host",
                            "node_cpus": real.NODE_CPUS}
     with tempfile.TemporaryDirectory() as work:
-        for key, flowcon in (("default", False), ("flowcon", True)):
-            doc[key] = real.run(Path(work) / key, jobs, flowcon, timeout_s=GUEST_TIMEOUT_S / 3)
+        for key in ("default", "flowcon"):
+            doc[key] = real.run(Path(work) / key, jobs, key, RUN_TIMEOUT_S)
             print(f"real run, {key}: makespan {doc[key]['makespan_s']:.1f} s", file=sys.stderr)
+        ten = real.ten_jobs(REAL_TEN_SEED, quick)
+        doc["ten"] = {key: real.run(Path(work) / f"ten-{key}", ten, key, RUN_TIMEOUT_S)
+                      for key in ("default", "flowcon")}
+        print("real 10-job run: makespan " + ", ".join(
+            f"{k} {r['makespan_s']:.1f} s" for k, r in doc["ten"].items()), file=sys.stderr)
+        doc["mixed"] = real.run_mixed(Path(work) / "mixed", quick, RUN_TIMEOUT_S)
+        print("real mixed run: |S| " + ", ".join(
+            f"{k} {r['satisfied']['median']}" for k, r in doc["mixed"].items()),
+            file=sys.stderr)
     (out / "real.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -228,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true", help="one seed, short real runs, no plots")
-    p.add_argument("--real", action="store_true", help="the 3-job run on a real kernel too")
+    p.add_argument("--real", action="store_true",
+                   help="the 3-job and the mixed runs on a real kernel too")
     p.add_argument("--real-part", action="store_true",
                    help="only the real runs, on this kernel (what the guest runs)")
     args = p.parse_args(argv)
