@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dqoes_cg import api
 from dqoes_cg.actuator import BACKOFF_S
 from dqoes_cg.config import Config
+from dqoes_cg.control import Peer, RequestError
 from dqoes_cg.controller import Controller
 from dqoes_cg.ctl import format_status
 from dqoes_cg.metrics import render
@@ -303,6 +305,10 @@ def test_a_failed_save_changes_nothing(host: Host, monkeypatch: pytest.MonkeyPat
         c.set_target(b, 0.1, "mean", False)
     with pytest.raises(StateError):
         c.set_target(a, 0.5, "mean", False)
+    # Through the request API: the disk's error in one line, not "internal error".
+    with pytest.raises(RequestError, match=r"^cannot write the state log: No space left"):
+        api.handle(c, "set-target", {"container": b, "target_s": 0.1, "metric": "mean"},
+                   Peer(1, 0, 0))
     assert [(t.name, t.target_s) for t in c.listings()] == [(a, 0.1)]
     assert os.listdir(host.tmp / "state") == before
     monkeypatch.undo()

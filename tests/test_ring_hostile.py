@@ -263,6 +263,22 @@ def test_a_truncated_or_grown_ring_is_reported_and_recovered(host: Host, size: i
     host.recovers()
 
 
+def test_a_ring_with_holes_is_reported_and_recovered(host: Host) -> None:
+    """A file of a ring's size whose pages are not allocated (a hole, which a full
+    filesystem could fail to back when a producer first touches it) is refused, as a
+    truncated ring is."""
+    host.tick()
+    sparse = host.hostile.with_name("sparse")
+    with open(sparse, "wb") as f:
+        f.truncate(SIZE)
+    assert os.stat(sparse).st_blocks * 512 < SIZE
+    os.rename(sparse, host.hostile)
+    host.tick()
+    assert host.rings.last_fault[0] == Status.BAD_SIZE
+    assert os.stat(host.hostile).st_blocks * 512 >= SIZE  # made again, fully allocated
+    host.recovers()
+
+
 @pytest.mark.parametrize("offset", [0, 8, 12, 16, 24])
 def test_a_scribbled_header_is_reported_and_recovered(host: Host, offset: int) -> None:
     _pwrite(host.hostile, b"\xff\xff\xff\x7f", offset)
