@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true", help="one seed, short real runs, no plots")
     p.add_argument("--real", action="store_true",
-                   help="the 3-job and the mixed runs on a real kernel too")
+                   help="the 3-job, 10-job and mixed runs on a real kernel too")
     p.add_argument("--real-part", action="store_true",
                    help="only the real runs, on this kernel (what the guest runs)")
     args = p.parse_args(argv)

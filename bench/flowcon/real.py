@@ -20,6 +20,7 @@ every service's latency window by window, with the daemon or without it.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -156,16 +157,14 @@ def run_mixed(workdir: Path, quick: bool, timeout_s: float) -> dict[str, Any]:
     """The mixed run on each platform, the default first: it gives the services' latency
     beside the running jobs (the median over the judged span), hence their targets."""
     services, jobs = mixed(quick)
-    runs: dict[str, Any] = {}
-    targets = {s.name: (s.model, 0.0) for s in services}
-    for platform in PLATFORMS:
-        runs[platform] = run(workdir / platform, jobs, platform, timeout_s, targets)
-        if platform == "default":
-            even = np.nanmedian(_judged_latency(runs["default"]), axis=0)
-            targets = {s.name: (s.model, float(s.ratio * x))
-                       for s, x in zip(services, even, strict=True)}
-            runs["default"]["services"] = [{**d, "target_s": targets[d["name"]][1]}
-                                           for d in runs["default"]["services"]]
+    untargeted = {s.name: (s.model, math.nan) for s in services}
+    default = run(workdir / "default", jobs, "default", timeout_s, untargeted)
+    even = np.nanmedian(_judged_latency(default), axis=0)
+    targets = {s.name: (s.model, float(s.ratio * x)) for s, x in zip(services, even, strict=True)}
+    for d in default["services"]:
+        d["target_s"] = targets[d["name"]][1]
+    runs = {"default": default, **{platform: run(workdir / platform, jobs, platform, timeout_s,
+                                                 targets) for platform in PLATFORMS[1:]}}
     for r in runs.values():
         r["satisfied"] = satisfied(r)
     return runs
