@@ -12,8 +12,9 @@ deps:
 	bash $(ROOT)/lab/guest/install-deps
 	cd $(ROOT) && $(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench,lab]'
 
-# The demo runs here if this host has cgroup v2 with the cpu controller, else in a qemu guest
-# with a real kernel (lab/guest), which may write only to DEMO_OUT.
+# The demo runs here if this host has cgroup v2 with the cpu controller (its workers Docker
+# containers if an engine answers, else processes), else in a qemu guest with a real kernel,
+# systemd and Docker's engine (lab/guest), which may write only to DEMO_OUT.
 DEMO_OUT ?= $(ROOT)/demo-output
 demo: deps
 	@mkdir -p $(DEMO_OUT)
@@ -21,8 +22,8 @@ demo: deps
 	if $(PYTHON) -c 'from lab.cgroups import cgroup2_cpu_mount as m; exit(m() is None)'; then \
 		$(PYTHON) -m lab.demo --out $$out $$redraw; \
 	else \
-		echo "This host has no cgroup v2 cpu controller: the demo runs in a qemu guest (real Linux kernel, emulated CPUs; booting takes a few seconds)."; \
-		$(PYTHON) -m lab.guest --writable $$out -- $(PYTHON) -m lab.demo --out $$out $$redraw; \
+		echo "This host has no cgroup v2 cpu controller: the demo runs in a qemu guest (real Linux kernel, systemd and Docker's engine, emulated CPUs; booting takes a few seconds)."; \
+		$(PYTHON) -m lab.guest --systemd --writable $$out -- $(PYTHON) -m lab.demo --out $$out $$redraw; \
 	fi
 
 # The Python linter and the C style (.clang-format), then every test.

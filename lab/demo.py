@@ -1,17 +1,21 @@
 """The demo: dqoesd meeting as many latency targets as the CPUs allow.
 
-    python3 -m lab.demo [--out DIR] [--duration S]
+    python3 -m lab.demo [--out DIR] [--duration S] [--workers auto|docker|processes]
 
-On a private cgroup subtree it starts four inference workers (lab.workload) and a
-dqoesd. For the first seconds no worker has a target: the default platform, where CFS gives
-each an even share; the demo measures each one's latency there. Then each gets a target
-relative to that latency: two looser (they can give CPU away), one tighter (it needs
-more), and one that even a whole CPU cannot meet. The live table is `dqoesctl status`'s,
-refreshed every couple of seconds while the controller converges; at the end come a
-summary and a plot of latency and CPU over time, written to DIR (default demo-output/).
+It starts four single-threaded inference workers and a dqoesd. Where Docker can run them
+(the project's systemd guest, or a host whose engine answers), the workers are Docker
+containers set up as a Docker user sets them up: a ring from the dqoes volume driver and
+the target as a label (lab.docker_fleet); elsewhere they are processes (lab.workload) in
+cgroups of a private subtree, their targets set as `dqoesctl set-target` sets them. For the
+first seconds no worker has a target: the default platform, where CFS gives each an even
+share; the demo measures each one's latency there. Then each gets a target relative to
+that latency: two looser (they can give CPU away), one tighter (it needs more), and one
+that even a whole CPU cannot meet. The live table is `dqoesctl status`'s, refreshed every
+couple of seconds while the controller converges; at the end come a summary and a plot of
+latency and CPU over time, written to DIR (default demo-output/).
 
 Needs root and a cgroup v2 hierarchy with the cpu controller (`make demo` runs it in a
-qemu guest with a real kernel where the host has none).
+qemu guest with a real kernel, systemd and Docker's engine where the host has none).
 """
 
 from __future__ import annotations
@@ -22,19 +26,28 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from dqoes_cg.cgroup import CgroupError
 from dqoes_cg.ctl import format_duration, format_status
 from dqoes_cg.policy import Cls, classify
+from dqoes_cg.status import Status
+from lab.docker_fleet import DockerUnavailable, docker_fleet
+from lab.guest.routing import IN_GUEST_ENV
 from lab.testbed import Observer, Testbed
 
 DAEMON_ARGS = ("--sample-interval", "0.5", "--interval", "4", "--max-interval", "8",
                "--beta", "0.3")
+# CPU left outside dqoesd's budget for what runs beside the workers (the engine and its
+# shims, dqoesd, the demo itself): with a budget of every CPU, the caps would add up to
+# more than the workers can get.
+RESERVED_CPUS = 0.25
 DEFAULT_PHASE_S = 14.0
 REFRESH_S = 2.0
 
@@ -42,17 +55,85 @@ REFRESH_S = 2.0
 @dataclass(frozen=True)
 class Service:
     name: str
-    model: str
     ratio: float  # target / its latency at the default platform's even share
     note: str
 
 
 SERVICES = (
-    Service("photo-tagger", "tiny", 1.5, "loose: can give CPU away"),
-    Service("recommender", "tiny", 1.25, "loose: can give CPU away"),
-    Service("face-unlock", "tiny", 0.8, "tight: needs more than an even share"),
-    Service("ar-overlay", "tiny", 0.4, "unachievable: needs more than a whole CPU"),
+    Service("photo-tagger", 1.5, "loose: can give CPU away"),
+    Service("recommender", 1.25, "loose: can give CPU away"),
+    Service("face-unlock", 0.8, "tight: needs more than an even share"),
+    Service("ar-overlay", 0.4, "unachievable: needs more than a whole CPU"),
 )
+WORKER_MODEL = "tiny"  # lab.workload's model, for workers that run as processes
+
+
+class Fleet(Protocol):
+    """Where the demo's workers run, with the dqoesd that manages them."""
+
+    description: str
+
+    def start(self, names: Sequence[str]) -> None:
+        """dqoesd, and one worker per name serving without a target."""
+
+    def observer(self, start: float | None = None) -> Observer:
+        """Measures the workers (indexed like the names) from now on; `start`: the time
+        its windows count from."""
+
+    def set_targets(self, targets: Sequence[float]) -> None:
+        """Each worker's target (seconds, mean latency), in dqoesd's hands on return."""
+
+    def status(self) -> Status:
+        """dqoesd's status."""
+
+
+class ProcessFleet:
+    """Workers as processes (lab.workload) in cgroups of a private subtree, targets set
+    over dqoesd's control socket as `dqoesctl set-target` sets them."""
+
+    description = "processes in cgroups of their own (targets by `dqoesctl set-target`)"
+
+    def __init__(self, bed: Testbed, daemon_args: Sequence[str]) -> None:
+        self.bed = bed
+        self.daemon_args = tuple(daemon_args)
+        self.names: list[str] = []
+
+    def start(self, names: Sequence[str]) -> None:
+        self.bed.start_daemon(*self.daemon_args)
+        self.names = list(names)
+        for i, name in enumerate(self.names):
+            self.bed.add_worker(name, WORKER_MODEL, hold=True, seed=i)
+        print("starting the workers (loading their models)...", flush=True)
+        self.bed.wait_held()
+        for name in self.names:
+            self.bed.release(name)
+
+    def observer(self, start: float | None = None) -> Observer:
+        return self.bed.observer(self.names, start)
+
+    def set_targets(self, targets: Sequence[float]) -> None:
+        for name, target in zip(self.names, targets, strict=True):
+            self.bed.set_target(self.bed.workers[name].name, float(target), "mean")
+
+    def status(self) -> Status:
+        return self.bed.status()
+
+
+def choose_fleet(workers: str, workdir: Path, daemon_args: Sequence[str],
+                 stack: ExitStack) -> Fleet:
+    """Docker containers where Docker can run them (`workers` auto or docker), else
+    processes; closed with `stack`."""
+    if workers != "processes":
+        try:
+            fleet = docker_fleet(workdir, daemon_args)
+            stack.callback(fleet.close)
+            return fleet
+        except DockerUnavailable as e:
+            if workers == "docker":
+                raise
+            print(f"{e}: the workers run as processes instead", flush=True)
+    bed = stack.enter_context(Testbed(f"dqoes-demo-{os.getpid()}", workdir))
+    return ProcessFleet(bed, daemon_args)
 
 
 @dataclass
@@ -64,6 +145,7 @@ class History:
     usage: list[np.ndarray]
     limit: list[np.ndarray]
     satisfied: list[int]  # the daemon's |S| (the default phase: classified here)
+    targets_at: float = DEFAULT_PHASE_S  # when dqoesd had every target
 
     def add(self, t: float, latency: np.ndarray, usage: np.ndarray, limit: np.ndarray,
             satisfied: int) -> None:
@@ -80,21 +162,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("demo-output"))
     p.add_argument("--duration", type=float, default=90.0,
                    help="seconds the controller runs after the targets are set")
+    p.add_argument("--workers", choices=("auto", "docker", "processes"), default="auto",
+                   help="Docker containers with labels (auto: where a Docker engine answers, "
+                        "or where it can be started in the project's guest), or processes "
+                        "in cgroups of their own (default: auto)")
     p.add_argument("--redraw", action=argparse.BooleanOptionalAction, default=None,
                    help="redraw the table in place (default: when stdout is a terminal)")
     args = p.parse_args(argv)
     redraw = sys.stdout.isatty() if args.redraw is None else args.redraw
     args.out.mkdir(parents=True, exist_ok=True)
     where = ("a qemu guest (real Linux kernel, emulated CPUs)"
-             if os.environ.get("DQOES_GUEST") == "1" else "this host")
-    print(f"dqoes-cg demo on {where}, {os.cpu_count()} CPUs: {len(SERVICES)} inference "
-          f"workers, dqoesd {' '.join(DAEMON_ARGS)}", flush=True)
+             if os.environ.get(IN_GUEST_ENV) == "1" else "this host")
     try:
-        with tempfile.TemporaryDirectory(prefix="dqoes-demo-") as work, \
-                Testbed(f"dqoes-demo-{os.getpid()}", Path(work)) as bed:
-            history, targets, even = run(bed, args.duration, redraw)
-            final = bed.status()
-    except (CgroupError, OSError) as e:
+        with tempfile.TemporaryDirectory(prefix="dqoes-demo-") as work, ExitStack() as stack:
+            daemon_args = (*DAEMON_ARGS, "--cpus", f"{(os.cpu_count() or 1) - RESERVED_CPUS:g}")
+            fleet = choose_fleet(args.workers, Path(work), daemon_args, stack)
+            print(f"dqoes-cg demo on {where}, {os.cpu_count()} CPUs: {len(SERVICES)} "
+                  f"inference workers as {fleet.description}; dqoesd {' '.join(daemon_args)}",
+                  flush=True)
+            history, targets, even = run(fleet, args.duration, redraw)
+            final = fleet.status()
+    except (CgroupError, OSError, RuntimeError, DockerUnavailable) as e:
         print(f"demo: {e}\n(it needs root and cgroup v2 with the cpu controller; "
               "`make demo` runs it in a real-kernel guest where the host has none)",
               file=sys.stderr)
@@ -108,42 +196,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(bed: Testbed, duration: float, redraw: bool
+def run(fleet: Fleet, duration: float, redraw: bool
         ) -> tuple[History, np.ndarray, np.ndarray]:
     """The default phase, then the targets and the controller at work."""
-    bed.start_daemon(*DAEMON_ARGS)
-    for i, s in enumerate(SERVICES):
-        bed.add_worker(s.name, s.model, hold=True, seed=i)
-    print("starting the workers (loading their models)...", flush=True)
-    bed.wait_held()
-    observer = Observer(bed, [s.name for s in SERVICES])
+    fleet.start([s.name for s in SERVICES])
+    observer = fleet.observer()
     history = History([], [], [], [], [])
-    for s in SERVICES:
-        bed.release(s.name)
     print(f"default platform, no targets: measuring each worker's latency at CFS's even "
           f"share for {DEFAULT_PHASE_S:.0f} s", flush=True)
-    start = time.monotonic()
-    while time.monotonic() - start < DEFAULT_PHASE_S:
+    while time.monotonic() - observer.start < DEFAULT_PHASE_S:
         time.sleep(REFRESH_S)
         w = observer.window()
         history.add(w.t, w.latency_s, w.usage_cores, w.limit_cores, 0)
         latencies = "  ".join(f"{s.name} {format_duration(x)}"
                               for s, x in zip(SERVICES, w.latency_s, strict=True))
         print(f"  t={w.t:3.0f}s  {latencies}", flush=True)
+    observer.close()
     even = np.nanmedian(np.array(history.latency[1:] or history.latency), axis=0)
+    if not np.isfinite(even).all():
+        silent = [s.name for s, x in zip(SERVICES, even, strict=True) if not np.isfinite(x)]
+        raise RuntimeError(f"no request measured in the default phase: {', '.join(silent)}")
     targets = np.array([s.ratio for s in SERVICES]) * even
     history.satisfied[:] = [_satisfied(targets, lat) for lat in history.latency]
-    for s, target in zip(SERVICES, targets, strict=True):
-        bed.set_target(bed.workers[s.name].name, float(target), "mean")
     print("targets set: dqoesd takes over", flush=True)
+    fleet.set_targets(targets.tolist())
+    observer = fleet.observer(observer.start)
+    history.targets_at = time.monotonic() - observer.start
+    gap = np.full(len(SERVICES), np.nan)  # no line drawn across the change of targets
+    history.add(history.targets_at, gap, gap, gap, 0)
     phase_end = time.monotonic() + duration
     while time.monotonic() < phase_end:
         time.sleep(REFRESH_S)
         w = observer.window()
-        status = bed.status()
+        status = fleet.status()
         history.add(w.t, w.latency_s, w.usage_cores, w.limit_cores, status.host.S)
         table = format_status(status)
-        header = f"dqoes-cg demo  t={w.t:.0f}s  ({phase_end - time.monotonic():.0f}s left)"
+        left = max(0.0, phase_end - time.monotonic())
+        header = f"dqoes-cg demo  t={w.t:.0f}s  ({left:.0f}s left)"
         if redraw:
             print(f"\x1b[H\x1b[2J{header}\n\n{table}", flush=True)
         else:
@@ -161,15 +250,15 @@ def summarize(h: History, targets: np.ndarray, even: np.ndarray, final: dict[str
     """Final classes from each worker's median latency over the last stretch of the run
     (single windows scatter widely on a busy or emulated CPU), against the default's."""
     t = np.array(h.t)
-    managed = t > DEFAULT_PHASE_S + REFRESH_S / 2
-    tail = managed & (t >= t[-1] - max(20.0, 0.2 * (t[-1] - DEFAULT_PHASE_S)))
+    managed = t > h.targets_at
+    tail = managed & (t >= t[-1] - max(20.0, 0.2 * (t[-1] - h.targets_at)))
     settled = np.nanmedian(np.array(h.latency)[tail], axis=0) if tail.any() \
         else np.full(len(SERVICES), np.nan)
     classes = classify(targets, settled)
     final_s = int((classes == Cls.S).sum())
     default_s = _satisfied(targets, even)
     satisfied = np.array(h.satisfied)
-    reached = next((x - DEFAULT_PHASE_S for x, n, m in zip(t, satisfied, managed, strict=True)
+    reached = next((x - h.targets_at for x, n, m in zip(t, satisfied, managed, strict=True)
                     if m and n >= final_s), None) if final_s else None
     rows = [("WORKER", "TARGET", "DEFAULT LATENCY", "LATENCY (LAST "
              f"{t[tail][-1] - t[tail][0] + REFRESH_S:.0f} S)" if tail.any() else "LATENCY",
@@ -201,7 +290,8 @@ def _as_json(h: History, targets: np.ndarray) -> dict[str, Any]:
         return [[float(x) if np.isfinite(x) else None for x in r] for r in rows]
 
     return {"workers": [s.name for s in SERVICES], "targets_s": targets.tolist(),
-            "default_phase_s": DEFAULT_PHASE_S, "t": h.t, "latency_s": clean(h.latency),
+            "default_phase_s": DEFAULT_PHASE_S, "targets_at_s": h.targets_at, "t": h.t,
+            "latency_s": clean(h.latency),
             "usage_cores": clean(h.usage), "limit_cores": clean(h.limit),
             "satisfied": h.satisfied}
 
@@ -242,7 +332,10 @@ def plot(h: History, targets: np.ndarray, path: Path) -> None:
     draw_cpu(bottom, t, np.array(h.usage), np.array(h.limit), names)
     for ax in (top, bottom):
         ax.axvline(DEFAULT_PHASE_S, color="grey", lw=0.8)
+        ax.axvline(h.targets_at, color="grey", lw=0.8)
         ax.grid(alpha=0.3)
+    top.text(h.targets_at, 0.97, " targets in\n dqoesd's hands", ha="left", va="top",
+             transform=top.get_xaxis_transform(), fontsize=8)
     top.text(DEFAULT_PHASE_S / 2, 0.97, "default\n(even share)", ha="center", va="top",
              transform=top.get_xaxis_transform(), fontsize=8)
     top.legend(loc="upper right", fontsize=8, ncol=3)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,25 +82,9 @@ class Testbed:
     # --- the daemon ------------------------------------------------------------------
 
     def start_daemon(self, *args: str) -> None:
-        cmd = [sys.executable, "-m", "dqoes_cg.daemon", "--run-dir", str(self.run_dir),
-               "--state-dir", str(self.state_dir), *args]
         if self.cpus is not None:
-            cmd += ["--cpus", str(self.cpus)]
-        log = open(self.daemon_log, "ab")  # noqa: SIM115 (the child keeps it)
-        self.daemon = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=REPO)
-        log.close()
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                self.request("list")
-                return
-            except DaemonUnavailable:
-                if self.daemon.poll() is not None:
-                    raise RuntimeError(
-                        f"dqoesd exited: {self.daemon_log.read_text()[-2000:]}") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError("dqoesd did not answer within 120 s") from None
-                time.sleep(0.2)
+            args = (*args, "--cpus", str(self.cpus))
+        self.daemon = start_dqoesd(self.run_dir, self.state_dir, self.daemon_log, *args)
 
     def stop_daemon(self, sig: int = signal.SIGTERM) -> int:
         assert self.daemon is not None
@@ -177,6 +162,11 @@ class Testbed:
     def cpu_max(self, name: str) -> str:
         return (self.root / name / "cpu.max").read_text().strip()
 
+    def observer(self, names: Sequence[str], start: float | None = None) -> Observer:
+        """An observer of the workers `names`, indexed in that order."""
+        return Observer([self.root / n for n in names], [self.ring_of(n) for n in names],
+                        start)
+
     def ring_of(self, name: str) -> Path:
         """The ring the daemon makes for worker `name` (its target's name is
         <subtree>/<name>); the worker records there, target or not."""
@@ -223,16 +213,16 @@ class Observer:
     alike. A missing ring is created, as the daemon would; one the daemon made is shared
     (readers keep their own position)."""
 
-    def __init__(self, bed: Testbed, names: list[str]) -> None:
-        self.names = names
-        self.table = CgroupTable([bed.root / n for n in names])
-        self.rings = RingSet([bed.ring_of(n) for n in names])
-        self.start = time.monotonic()
+    def __init__(self, cgroups: Sequence[Path], rings: Sequence[Path],
+                 start: float | None = None) -> None:
+        self.table = CgroupTable(list(cgroups))
+        self.rings = RingSet(list(rings))
+        self.start = time.monotonic() if start is None else start
         self.table.sample()
         self.rings.drain()
         self.rings.take_window()
         self._usage = self.table.usage_usec.copy()
-        self._last = self.start
+        self._last = time.monotonic()
 
     def window(self) -> Window:
         """Close the window that began at the previous call (or at the start)."""
@@ -252,6 +242,28 @@ class Observer:
     def close(self) -> None:
         self.table.close()
         self.rings.close()
+
+
+def start_dqoesd(run_dir: Path, state_dir: Path, log_path: Path,
+                 *args: str) -> subprocess.Popen[bytes]:
+    """dqoesd of this checkout with its own run and state directories, logging to
+    `log_path`; returns once its control socket answers."""
+    cmd = [sys.executable, "-m", "dqoes_cg.daemon", "--run-dir", str(run_dir),
+           "--state-dir", str(state_dir), *args]
+    with open(log_path, "ab") as log:
+        daemon = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            request(run_dir / "dqoes.sock", "list", timeout=60)
+            return daemon
+        except DaemonUnavailable:
+            if daemon.poll() is not None:
+                raise RuntimeError(f"dqoesd exited: {log_path.read_text()[-2000:]}") from None
+            if time.monotonic() > deadline:
+                _stop(daemon, signal.SIGTERM)
+                raise RuntimeError("dqoesd did not answer within 120 s") from None
+            time.sleep(0.2)
 
 
 def solo_latency(model: str, seconds: float = 2.0) -> float:

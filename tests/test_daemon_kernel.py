@@ -50,7 +50,7 @@ def _explain(bed: testbed.Testbed, names: Iterable[str]) -> str:
 def _work_at_even_share(bed: testbed.Testbed, names: list[str], requests: int = 30) -> float:
     """CPU-seconds a request costs while the workers share the CPUs evenly (no daemon), from
     the windows after every worker served its first request (its start-up left out)."""
-    observer = testbed.Observer(bed, names)
+    observer = bed.observer(names)
     cpu, served = np.zeros(len(names)), np.zeros(len(names))
     started, last = False, 0.0
     deadline = time.monotonic() + 300

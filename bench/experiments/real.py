@@ -21,7 +21,7 @@ import numpy as np
 
 from dqoes_cg.cgroup import find_cgroup2_mount
 from lab.cgroups import remove_cgroup_tree
-from lab.testbed import Observer, Testbed, cap_cpus
+from lab.testbed import Testbed, cap_cpus
 
 from .scenarios import Scenario
 from .sim import Curve, Node, Params, Windows
@@ -52,7 +52,7 @@ def calibrate(models: tuple[str, ...], workdir: Path, seconds: float) -> dict[st
         for name in names:
             bed.add_worker(name, models[0] if name.startswith("ballast") else name, hold=True)
         bed.wait_held()
-        observer = Observer(bed, list(models))
+        observer = bed.observer(list(models))
         for name in names[len(models):]:
             bed.release(name)
         for i, m in enumerate(models):
@@ -97,7 +97,7 @@ def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: P
             beds.append(bed)
         for bed in beds:
             bed.wait_held()
-        observers = [Observer(bed, [c.name for c in node.containers])
+        observers = [bed.observer([c.name for c in node.containers])
                      for bed, node in zip(beds, nodes, strict=True)]
         for o in observers:
             stack.callback(o.close)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dqoes_cg.policy import Cls, classify
-from lab.testbed import Observer, Testbed, cap_cpus
+from lab.testbed import Testbed, cap_cpus
 
 NODE_CPUS = 1.0
 WINDOW_S = 2.0
@@ -112,7 +112,7 @@ def run(workdir: Path, jobs: list[RealJob], platform: str, timeout_s: float,
             bed.add_trainer(j.name, j.model, epochs=j.epochs, seed=i, training=False,
                             hold=True)
         bed.wait_held(timeout=HELD_S_EACH * len(names))  # they all start at once
-        observer = Observer(bed, names)
+        observer = bed.observer(names)
         for name, (_, target_s) in services.items():
             bed.release(name, None if platform == "default" else target_s)
         start = time.monotonic()
