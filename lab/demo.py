@@ -182,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             history, targets, even = run(fleet, args.duration, redraw)
             final = fleet.status()
-    except (CgroupError, OSError, RuntimeError, DockerUnavailable) as e:
+    except DockerUnavailable as e:
+        print(f"demo: {e} (`--workers processes` needs no Docker)", file=sys.stderr)
+        return 1
+    except (CgroupError, OSError, RuntimeError) as e:
         print(f"demo: {e}\n(it needs root and cgroup v2 with the cpu controller; "
               "`make demo` runs it in a real-kernel guest where the host has none)",
               file=sys.stderr)

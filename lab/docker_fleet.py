@@ -59,6 +59,11 @@ def docker_fleet(workdir: Path, daemon_args: Sequence[str]) -> DockerFleet:
     if not engine_answers() and os.environ.get(IN_GUEST_ENV) == "1" \
             and Path("/run/systemd/system").is_dir() and Path(DOCKERD).exists():
         Docker().start("cgroupfs")
+    if not engine_answers():
+        raise DockerUnavailable(f"no Docker engine answers on {ENGINE_SOCKET}")
+    if SPEC_FILE.exists():
+        raise DockerUnavailable(f"a dqoes volume driver is installed here ({SPEC_FILE}): "
+                                "the demo runs a dqoesd of its own")
     try:
         infer = artifacts(workdir).infer
     except AssertionError as e:  # no static C toolchain here
@@ -73,11 +78,6 @@ class DockerFleet:
     description = "Docker containers (the engine's API, labels, the dqoes volume driver)"
 
     def __init__(self, workdir: Path, infer: Path, daemon_args: Sequence[str]) -> None:
-        if not engine_answers():
-            raise DockerUnavailable(f"no Docker engine answers on {ENGINE_SOCKET}")
-        if SPEC_FILE.exists():
-            raise DockerUnavailable(f"a dqoes volume driver is installed here ({SPEC_FILE}): "
-                                    "the demo runs a dqoesd of its own")
         self.workdir = workdir
         self.infer = infer
         self.daemon_args = tuple(daemon_args)

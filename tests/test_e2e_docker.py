@@ -8,16 +8,19 @@ from start to binding is measured), measured through their rings and limited; re
 labels leave their container alone; a container reaches its own ring only, and filling its
 volume hurts nobody else; dockerd restarts; a restart loop and a burst leak nothing; the
 same under the systemd driver; a Swarm service's tasks follow its labels without being
-recreated. The daemon is uninstalled at the end (test_e2e_service.py installs it again).
+recreated; the cluster's manager and agent run under systemd on that Swarm. The daemon is
+uninstalled at the end (test_e2e_service.py installs it again).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -282,9 +285,9 @@ def test_the_systemd_driver(service: Service, docker: Docker, units: int) -> Non
     wait_gone(service, "lab-s")
 
 
-def task_ids() -> list[str]:
+def task_ids(service_name: str = "tagger") -> list[str]:
     return sorted(sh(DOCKER, "ps", "-q", "--no-trunc", "--filter",
-                     "label=com.docker.swarm.service.name=tagger").split())
+                     f"label=com.docker.swarm.service.name={service_name}").split())
 
 
 def test_a_swarm_service_follows_its_labels_without_recreating_tasks(
@@ -319,3 +322,67 @@ def test_a_swarm_service_follows_its_labels_without_recreating_tasks(
     assert [cpu_max(c)[0] for c in cgroups] == [-1, -1], "their limits given back"
     assert task_ids() == ids, "no task recreated"
     sh(DOCKER, "service", "rm", "tagger", timeout=300)
+
+
+def cluster_view() -> dict[str, Any] | None:
+    """`dqoesctl cluster status --json` as an operator runs it; None while it fails."""
+    done = subprocess.run(["dqoesctl", "cluster", "status", "--json"], capture_output=True,
+                          text=True, timeout=120)
+    return json.loads(done.stdout) if done.returncode == 0 else None
+
+
+def test_the_cluster_services_run_under_systemd(service: Service, docker: Docker,
+                                                units: int) -> None:
+    """dqoes-manager and dqoes-agent as `make install` put them, started by systemd on the
+    single-node Swarm: the node and a labelled service's task in `dqoesctl cluster status`,
+    a target change reaching the task, and the manager, killed, restarted by systemd with
+    the same view."""
+    units_ = ("dqoes-manager.service", "dqoes-agent.service")
+    if sh(DOCKER, "info", "--format", "{{.Swarm.LocalNodeState}}").strip() != "active":
+        swarm_init()
+    sh(DOCKER, "service", "create", "--detach", "--name", "cluster-face", "--replicas", "1",
+       "--no-resolve-image", "--label", LOOSE, "--label", MEAN, "--mount", VOLUME, IMAGE,
+       "/infer", str(units), timeout=600)
+    sh("systemctl", "start", *units_, timeout=300)
+
+    def explain_cluster() -> str:
+        journals = "".join(sh("journalctl", "--no-pager", "-o", "cat", "-u", u)[-3000:]
+                           for u in units_)
+        return f"{cluster_view()}\n--- journals ---\n{journals}"
+
+    def task_with_target(target_s: float) -> Callable[[], dict[str, Any] | None]:
+        def check() -> dict[str, Any] | None:
+            doc = cluster_view()
+            if doc is None or not all(n["reachable"] for n in doc["nodes"]):
+                return None
+            tasks = [t for t in doc["tasks"] if t["service"] == "cluster-face"
+                     and t["state"] == "running"]
+            ok = len(tasks) == 1 and tasks[0]["class"] in ("G", "S", "B") \
+                and tasks[0]["target_s"] == pytest.approx(target_s) \
+                and tasks[0]["measured_s"] is not None
+            return doc if ok else None
+        return check
+
+    try:
+        doc = wait_for(task_with_target(0.4), 400, "the node and the task measured, 400ms",
+                       explain_cluster, every=3.0)
+        assert len(doc["nodes"]) == 1 and doc["nodes"][0]["budget_cpus"] is not None
+        (face,) = [s for s in doc["services"] if s["name"] == "cluster-face"]
+        assert (face["target_s"], face["replicas"], face["error"]) == (0.4, 1, None)
+        ids = task_ids("cluster-face")
+        sh(DOCKER, "service", "update", "--detach", "--label-add", "dqoes.target=900ms",
+           "cluster-face", timeout=300)
+        wait_for(task_with_target(0.9), 120, "the new target on the task", explain_cluster,
+                 every=3.0)
+        before = service.show("NRestarts", unit=units_[0])["NRestarts"]
+        sh("systemctl", "kill", "--signal=SIGKILL", units_[0])
+        wait_for(lambda: service.show("NRestarts", unit=units_[0])["NRestarts"] != before,
+                 120, "systemd restarting the killed manager", explain_cluster)
+        wait_for(task_with_target(0.9), 180, "the restarted manager's view", explain_cluster,
+                 every=3.0)
+        assert "nodes 1 of 1 up" in dqoesctl("cluster", "status")
+        assert task_ids("cluster-face") == ids, "no task recreated"
+    finally:
+        subprocess.run(["systemctl", "stop", *units_], capture_output=True, timeout=300)
+        subprocess.run([DOCKER, "service", "rm", "cluster-face"], capture_output=True,
+                       timeout=300)
