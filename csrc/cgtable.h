@@ -6,10 +6,6 @@
  * holds something unexpected never fails the batch: every operation fills a per-entry
  * status instead. The arrays passed to the
  * operations are owned by the caller and have one element per entry.
- *
- * Each operation batches its reads, then its writes, into one io_uring submission per up
- * to 1,024 entries where the kernel allows io_uring (else one pread or pwrite per file);
- * files are read and written whole, at offset 0, either way.
  */
 #ifndef DQOES_CGTABLE_H
 #define DQOES_CGTABLE_H
@@ -62,11 +58,6 @@ size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_
  * reports that). Where status is OK the total is updated; this status is not the entry's
  * (dq_cgtable_errno is not changed). Returns the number of OK entries. */
 size_t dq_cgtable_pressure(dq_cgtable *t, uint64_t *some_usec, int32_t *status);
-
-/* 1 if the table batches its I/O through io_uring, 0 if it makes one system call per file
- * (io_uring unavailable, or the environment variable DQOES_NO_IO_URING set and not empty
- * when the table was opened). */
-int dq_cgtable_batched(const dq_cgtable *t);
 
 /* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0. */
 int dq_cgtable_errno(const dq_cgtable *t, size_t i);

@@ -21,7 +21,6 @@ ffibuilder.set_source(
     "\n".join(f'#include "{u}.h"' for u in UNITS),
     sources=[f"csrc/{u}.c" for u in UNITS if (ROOT / "csrc" / f"{u}.c").exists()],
     include_dirs=["csrc"],
-    libraries=["uring"],  # liburing (Debian: liburing-dev), cgtable.c's batched I/O
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror"],
 )
 

@@ -166,13 +166,6 @@ class CgroupTable:
     def __len__(self) -> int:
         return len(self.dirs)
 
-    @property
-    def batched(self) -> bool:
-        """Whether each operation batches its I/O through io_uring (one system call per
-        1,024 cgroups) rather than one system call per file: chosen at open, where the
-        kernel allows io_uring and DQOES_NO_IO_URING is not set."""
-        return bool(lib.dq_cgtable_batched(self._handle()))
-
     def sample(self) -> int:
         """Reads every cpu.stat into the counter arrays; returns the number of OK slots."""
         p = self._ptr

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +23,6 @@ from dqoes_cg.cgtable import LEAVE_ALONE, PERIOD_UNKNOWN, CgroupTable, Status
 from lab.fakecg import CPU_STAT, make_cgroup, write
 
 U64_MAX = 2**64 - 1
-NO_IO_URING = "DQOES_NO_IO_URING"
-
-
-@pytest.fixture(scope="module", autouse=True, params=["batched", "per-file"])
-def io_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test here runs on both I/O paths of the tables it opens: io_uring batches
-    (where the kernel allows them), and one system call per file."""
-    before = os.environ.pop(NO_IO_URING, None)
-    if request.param == "per-file":
-        os.environ[NO_IO_URING] = "1"
-    yield request.param
-    os.environ.pop(NO_IO_URING, None)
-    if before is not None:
-        os.environ[NO_IO_URING] = before
 
 
 def sample_one(mount: Path, cpu_stat: str | bytes) -> tuple[int, list[int]]:
@@ -185,73 +170,6 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
         assert t.status[0] == Status.ERROR
 
 
-def test_the_path_is_chosen_at_open(tmp_path: Path, io_path: str) -> None:
-    with CgroupTable([make_cgroup(tmp_path, "c")]) as t:
-        if io_path == "batched" and not t.batched:
-            pytest.skip("io_uring is not available here")
-        assert t.batched == (io_path == "batched")
-
-
-def bad_tree(root: Path, n: int) -> list[Path]:
-    """n cgroups, most of them fine, and near the start and around the first batch's end
-    (1,024 entries) one of each kind of bad file, each in its own cgroup."""
-    dirs = [make_cgroup(root, f"c{i}") for i in range(n)]
-    for base in (0, 1020):
-        bad = dirs[base:base + 9]
-        make_cgroup(root, bad[0].name, cpu_stat="usage_usec 1\n")  # keys missing
-        make_cgroup(root, bad[1].name, cpu_stat=CPU_STAT + "x" * 5000 + " 1\n")  # too long
-        (bad[2] / "cpu.stat").unlink()
-        os.mkfifo(bad[2] / "cpu.stat")
-        (bad[3] / "cpu.max").unlink()
-        (bad[3] / "cpu.max").mkdir()
-        make_cgroup(root, bad[4].name, cpu_max="1 2 3\n" + "9" * 100)  # too long
-        (bad[5] / "cpu.pressure").unlink()
-        make_cgroup(root, bad[6].name, cpu_pressure="some total=-1\n")
-        (bad[7] / "cpu.stat").unlink()
-        (bad[7] / "cpu.stat").symlink_to(dirs[-1] / "cpu.stat")
-        dirs[base + 8] = root / f"gone{base}"
-    return dirs
-
-
-def run_operations(dirs: list[Path]) -> dict[str, list[object]]:
-    """Every operation twice (the second apply reads back what the first wrote, one slot
-    after a foreign write), each array and every slot's error after each."""
-    out: dict[str, list[object]] = {}
-    with CgroupTable(dirs) as t:
-        for step in range(2):
-            t.sample()
-            t.pressure()
-            t.apply(np.arange(len(dirs), dtype=np.int64) + 1000 * (step + 1), 100_000)
-            t.read_back()
-            write(dirs[-1] / "cpu.max", "7 100000\n")
-            out.update({f"{name}/{step}": array.tolist() for name, array in t._arrays.items()})
-            out[f"errors/{step}"] = [t.error(i) for i in range(len(dirs))]
-    return out
-
-
-def test_both_paths_give_the_same_results_and_a_bad_file_faults_only_its_slot(
-        tmp_path: Path, io_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if io_path != "batched":
-        pytest.skip("compares the two paths once")
-    n = 1100  # two batches
-    monkeypatch.setenv(NO_IO_URING, "1")
-    per_file = run_operations(bad_tree(tmp_path / "a", n))
-    monkeypatch.delenv(NO_IO_URING)
-    batched = run_operations(bad_tree(tmp_path / "b", n))
-    assert batched == per_file
-    bad = {i for base in (0, 1020) for i in range(base, base + 9)}
-    good = [i for i in range(n) if i not in bad]
-    for step in range(2):
-        for name in ("status", "apply_status", "read_back_status", "pressure_status"):
-            assert {batched[f"{name}/{step}"][i] for i in good} == {Status.OK}, name
-    # a foreign value in the last slot, found by the second apply before it wrote over it
-    assert [i for i, f in enumerate(batched["foreign/1"]) if f] == [n - 1]
-    assert batched["max_quota_usec/1"][n - 1] == 2000 + n - 1
-    assert [batched["status/0"][base + k] for base in (0, 1020) for k in range(9)] == 2 * [
-        Status.MALFORMED, Status.MALFORMED, Status.ERROR, Status.OK, Status.OK, Status.OK,
-        Status.OK, Status.ERROR, Status.GONE]
-
-
 # --- apply and read-back bookkeeping (fake tree) --------------------------------------
 
 
@@ -390,8 +308,7 @@ def test_close_releases_every_descriptor(tmp_path: Path) -> None:
     dirs = [make_cgroup(tmp_path, f"c{i}") for i in range(10)]
     before = len(os.listdir("/proc/self/fd"))
     with CgroupTable(dirs) as t:
-        ring = int(t.batched)  # the io_uring instance's descriptor
-        assert len(os.listdir("/proc/self/fd")) == before + 10 * cgtable.FDS_PER_CGROUP + ring
+        assert len(os.listdir("/proc/self/fd")) == before + 10 * cgtable.FDS_PER_CGROUP
     assert len(os.listdir("/proc/self/fd")) == before
     with pytest.raises(ValueError, match="closed"):
         t.sample()
