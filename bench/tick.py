@@ -13,7 +13,8 @@ measurement. Variants:
   after the first round, so few cpu.max writes happen;
 - with decide, all N limits written: as above, and every cpu.max rewritten (the table's
   record of what it wrote is forgotten first), the worst case. The policy limits only
-  containers that use CPU: on a fake tree each cgroup's usage_usec is advanced before these
+  containers that use CPU: on a fake tree each cgroup's usage_usec is advanced (and read by
+  an untimed tick, so that the timed one does not read freshly written files) before these
   ticks; on real cgroups, whose processes sleep, fewer may be written (each row says how
   many were).
 Within the same timed ticks, the parts are timed too (PartClock wraps the fleet's and the
@@ -224,8 +225,9 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
 
             def force_write_all(c: Controller = controller, dirs: list[Path] = dirs,
                                 used: Iterator[int] = usage) -> None:
-                if cgroups.fake:
+                if cgroups.fake:  # and a tick reads it, as the daemon's last one would have
                     use_cpu(dirs, next(used))
+                    tick()
                 force_decide()
                 c.fleet.table.invalidate()
 
