@@ -12,7 +12,11 @@ measurement. Variants:
 - with decide: the policy forced to run (policy.reset()); on idle cgroups the limits settle
   after the first round, so few cpu.max writes happen;
 - with decide, all N limits written: as above, and every cpu.max rewritten (the table's
-  record of what it wrote is forgotten first), the worst case.
+  record of what it wrote is forgotten first), the worst case. The policy limits only
+  containers that use CPU: on a fake tree each cgroup's usage_usec is advanced (and read by
+  an untimed tick, so that the timed one does not read freshly written files) before these
+  ticks; on real cgroups, whose processes sleep, fewer may be written (each row says how
+  many were).
 Within the same timed ticks, the parts are timed too (PartClock wraps the fleet's and the
 policy's methods that the tick calls): where each microsecond of a tick goes, the rest being
 Python around them. A tick and its parts are timed in the thread's CPU time: what they cost
@@ -24,6 +28,7 @@ the read-back of every cpu.max, and the status line dqoesd builds after every ti
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -40,6 +45,7 @@ from dqoes_cg.policy import PolicyParams
 from dqoes_cg.probe import Probe
 from dqoes_cg.ring import ring_dir_name, ring_path
 from dqoes_cg.state import StateStore, Target
+from lab.fakecg import CPU_STAT, write
 
 PART = "tick"
 SENSE = "tick, sense only (sample + drain)"
@@ -49,10 +55,11 @@ WALL = " (wall clock)"
 SUMMARY = "Controller.summary() (dqoesd calls it every tick)"
 PART_READ_BACK = "every 2 s within a tick: CgroupTable.read_back (reconcile)"
 # The parts of a tick that PartClock times: (label, object, method).
-SAMPLE, DRAIN, WINDOW, POLICY, APPLY, READ_BACK = (
+SAMPLE, DRAIN, WINDOW, PRESSURE, POLICY, APPLY, READ_BACK = (
     "CgroupTable.sample (C)", "RingSet.drain (C)", "RingSet.take_window (C)",
-    "policy.decide (numpy)", "CgroupTable.apply (C)", "CgroupTable.read_back (C)")
-PARTS = (SAMPLE, DRAIN, WINDOW, POLICY, APPLY, READ_BACK)
+    "CgroupTable.pressure (C)", "policy.decide (numpy)", "CgroupTable.apply (C)",
+    "CgroupTable.read_back (C)")
+PARTS = (SAMPLE, DRAIN, WINDOW, PRESSURE, POLICY, APPLY, READ_BACK)
 REST = "Python around them (controller, fleet)"
 PROFILED = (SENSE, WRITE_ALL)
 TARGET_S = 0.1
@@ -116,16 +123,32 @@ def part_case(case: str, part: str) -> str:
     return f"{part}, within: {case}"
 
 
+def use_cpu(dirs: list[Path], usage_usec: int) -> None:
+    """Gives every cgroup of a fake tree this total CPU usage in its cpu.stat."""
+    content = CPU_STAT.replace("usage_usec 1000\n", f"usage_usec {usage_usec}\n")
+    for d in dirs:
+        write(d / "cpu.stat", content)
+
+
 class PartClock:
     """Times the parts of Controller.tick in the thread's CPU time: wraps the methods that
     the tick calls on the controller's fleet and policy (instance attributes hide the
-    class's methods)."""
+    class's methods). `written` counts the cpu.max writes of the last tick."""
 
     def __init__(self, controller: Controller) -> None:
         f = controller.fleet
         self.spent = dict.fromkeys(PARTS, 0)
+        self.written = 0
+        apply = f.table.apply
+
+        def counted(*args: object, **kwargs: object) -> int:
+            written = apply(*args, **kwargs)
+            self.written += written
+            return written
+        f.table.apply = counted  # type: ignore[method-assign]
         for label, obj, name in ((SAMPLE, f.table, "sample"), (DRAIN, f.rings, "drain"),
                                  (WINDOW, f.rings, "take_window"),
+                                 (PRESSURE, f.table, "pressure"),
                                  (POLICY, controller.policy, "decide"),
                                  (APPLY, f.table, "apply"), (READ_BACK, f.table, "read_back")):
             setattr(obj, name, self._timed(label, getattr(obj, name)))
@@ -142,19 +165,21 @@ class PartClock:
         return timed
 
     def reset(self) -> None:
+        self.written = 0
         for label in self.spent:
             self.spent[label] = 0
 
 
 def profile(tick: Callable[[], None], setup: Callable[[], object], clock: PartClock,
             repeats: int, budget_s: float,
-            ) -> tuple[list[float], list[float], dict[str, list[float]]]:
-    """CPU and wall-clock seconds of each timed tick (one per repeat, after `setup`), and
-    CPU seconds of each part in it."""
+            ) -> tuple[list[float], list[float], dict[str, list[float]], list[int]]:
+    """CPU and wall-clock seconds of each timed tick (one per repeat, after `setup`), CPU
+    seconds of each part in it, and the cpu.max writes it made."""
     setup()
     tick()  # warm-up
     cpu: list[float] = []
     wall: list[float] = []
+    written: list[int] = []
     parts: dict[str, list[float]] = {label: [] for label in (*PARTS, REST)}
     deadline = time.perf_counter() + budget_s
     while len(cpu) < repeats and (len(cpu) < MIN_REPEATS or time.perf_counter() < deadline):
@@ -165,10 +190,11 @@ def profile(tick: Callable[[], None], setup: Callable[[], object], clock: PartCl
         spent, spent_wall = time.thread_time_ns() - start, time.perf_counter_ns() - start_wall
         cpu.append(spent * 1e-9)
         wall.append(spent_wall * 1e-9)
+        written.append(clock.written)
         for label, ns in clock.spent.items():
             parts[label].append(ns * 1e-9)
         parts[REST].append((spent - sum(clock.spent.values())) * 1e-9)
-    return cpu, wall, parts
+    return cpu, wall, parts, written
 
 
 def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
@@ -183,7 +209,8 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
                 f"of each container); the limit here leaves {cgroups.fd_room:,}",
                 "the other place's figures at this N"))
             continue
-        with controller_for(cgroups.dirs[:n], cgroups.mount) as (controller, producers):
+        dirs = cgroups.dirs[:n]
+        with controller_for(dirs, cgroups.mount) as (controller, producers):
             def tick(c: Controller = controller) -> None:
                 c.tick(time.monotonic())
 
@@ -194,7 +221,13 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
                 fill()
                 c.policy.reset()
 
-            def force_write_all(c: Controller = controller) -> None:
+            usage = itertools.count(1_000, 50_000)  # 50 ms more CPU each round
+
+            def force_write_all(c: Controller = controller, dirs: list[Path] = dirs,
+                                used: Iterator[int] = usage) -> None:
+                if cgroups.fake:  # and a tick reads it, as the daemon's last one would have
+                    use_cpu(dirs, next(used))
+                    tick()
                 force_decide()
                 c.fleet.table.invalidate()
 
@@ -205,11 +238,15 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
                 (SENSE, fill), (DECIDE, force_decide), (WRITE_ALL, force_write_all)]
             for case, setup in cases:
                 decisions = controller.counters.decisions
-                cpu, wall, parts = profile(tick, setup, clock, repeats, budget_s)
+                cpu, wall, parts, written = profile(tick, setup, clock, repeats, budget_s)
                 decided = controller.counters.decisions - decisions
                 if (case == SENSE) != (decided == 0):
                     raise RuntimeError(f"{case}: {decided} policy rounds ran")
+                if case == WRITE_ALL and cgroups.fake and min(written) < n:
+                    raise RuntimeError(f"{case}: {min(written)} of {n} cpu.max written")
                 note = f"{RECORDS_PER_TICK} records per ring per tick"
+                if case == WRITE_ALL:
+                    note += f", {min(written):,} to {max(written):,} cpu.max written"
                 rows.append(Row.of(PART, case, summarize(cpu), where=cgroups.where, n=n,
                                    per="tick", note=note))
                 rows.append(Row.of(PART, case + WALL, summarize(wall), where=cgroups.where,

@@ -10,9 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <linux/openat2.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -281,22 +279,36 @@ size_t dq_cgtable_sample(dq_cgtable *t, uint64_t *usage_usec, uint64_t *throttle
     return ok;
 }
 
-/* Writes one cpu.max value. Returns 0 or an errno. */
+/* Puts the decimal digits of v before end; returns where they start. */
+static char *put_u64(char *end, uint64_t v)
+{
+    do
+        *--end = (char)('0' + v % 10);
+    while (v /= 10);
+    return end;
+}
+
+/* Writes one cpu.max value, "<quota> <period>\n" or "max <period>\n" (period > 0). Returns 0
+ * or an errno. Formatted by hand: snprintf took a tenth of apply's time (perf, N = 1,000). */
 static int write_cpu_max(int fd, int64_t quota, int64_t period)
 {
-    char buf[MAX_BUF];
-    int len = quota < 0 ? snprintf(buf, sizeof buf, "max %" PRId64 "\n", period)
-                        : snprintf(buf, sizeof buf, "%" PRId64 " %" PRId64 "\n", quota, period);
+    char buf[MAX_BUF]; /* two int64 and three bytes fit */
+    char *end = buf + sizeof buf, *p = end;
     ssize_t n;
 
-    if (len < 0 || (size_t)len >= sizeof buf)
-        return EINVAL;
+    *--p = '\n';
+    p = put_u64(p, (uint64_t)period);
+    *--p = ' ';
+    if (quota < 0)
+        p = memcpy(p - 3, "max", 3);
+    else
+        p = put_u64(p, (uint64_t)quota);
     do
-        n = pwrite(fd, buf, (size_t)len, 0);
+        n = pwrite(fd, p, (size_t)(end - p), 0);
     while (n < 0 && errno == EINTR);
     if (n < 0)
         return errno;
-    return n == len ? 0 : EIO;
+    return n == end - p ? 0 : EIO;
 }
 
 /* Whether the entry's cpu.max still holds (quota, period): 1 if it does, 0 if it holds

@@ -204,6 +204,19 @@ def test_any_negative_quota_is_max_and_a_bad_period_is_refused(tmp_path: Path) -
         assert (c / "cpu.max").read_text() == "max 100000\n"
 
 
+I64_MAX = 2**63 - 1
+
+
+def test_apply_writes_every_value_in_full(tmp_path: Path) -> None:
+    quotas, periods = [0, 1, 9, 10, I64_MAX, -1, -I64_MAX], [1, 10, 99, 100_000, I64_MAX, 7, 1]
+    # empty files: a plain file keeps what lies beyond a shorter write, cpu.max would not
+    dirs = [make_cgroup(tmp_path, f"c{i}", cpu_max="") for i in range(len(quotas))]
+    with CgroupTable(dirs) as t:
+        assert t.apply(np.array(quotas), np.array(periods)) == len(dirs)
+        assert [(d / "cpu.max").read_text() for d in dirs] == [
+            f"{'max' if q < 0 else q} {p}\n" for q, p in zip(quotas, periods, strict=True)]
+
+
 def test_a_period_of_zero_leaves_the_slot_alone(tmp_path: Path) -> None:
     dirs = [make_cgroup(tmp_path, f"c{i}", cpu_max="") for i in range(2)]
     with CgroupTable(dirs) as t:
