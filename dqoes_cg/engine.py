@@ -126,7 +126,7 @@ class Engine:
     def call(self, method: str, path: str, query: dict[str, str] | None = None,
              body: Any = None, missing_ok: tuple[int, ...] = ()) -> Any:
         """The JSON reply to `method` `path` with `body` (JSON) if not None; None when its
-        status is in `missing_ok`."""
+        status is in `missing_ok`, or when a success has no body (a node's update)."""
         target = API + path + ("?" + urllib.parse.urlencode(query) if query else "")
         conn = _UnixConnection(self.path, self.timeout)
         try:
@@ -146,6 +146,8 @@ class Engine:
         if reply.status != 200:
             raise EngineError(f"{self}: {method} {path} answered {reply.status}: "
                               f"{_message(data)}")
+        if not data:
+            return None
         if len(data) > MAX_REPLY:
             raise EngineError(f"{self}: the reply to {method} {path} exceeds {MAX_REPLY} "
                               "bytes")

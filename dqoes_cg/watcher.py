@@ -20,6 +20,7 @@ worker nodes, whose engines cannot list services).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -143,6 +144,7 @@ class Watcher:
             if self._stopping.is_set():
                 return
             self._list_all()
+            self._load_volume_driver()
             self.connected.set()
             for event in stream:
                 if event.type == "container" and event.action in CONTAINER_ACTIONS:
@@ -172,6 +174,17 @@ class Watcher:
             ours = len(seen)
         log.info("following %s: %d running container(s), %d of them with dqoes labels or "
                  "volumes", self.engine, len(containers), ours)
+
+    def _load_volume_driver(self) -> None:
+        """Makes the engine load the volume driver. Swarm places a task that mounts a volume
+        of a driver only on nodes whose engine lists that driver, and an engine lists a
+        legacy plugin only once it has loaded it; listing volumes loads every plugin its
+        spec files name."""
+        try:
+            self.engine.get("/volumes", {"filters": json.dumps({"driver": [self._driver]})})
+        except EngineError as e:
+            log.warning("%s; Swarm may not place tasks with %s volumes on this node", e,
+                        self._driver)
 
     def _look_at(self, cid: str) -> None:
         c = self.engine.inspect(cid)

@@ -22,6 +22,7 @@ class FakeEngine:
         self.containers: dict[str, dict[str, Any]] = {}  # ID -> inspect document
         self.services: list[dict[str, Any]] | None = None  # None: not a manager (503)
         self.requests = 0
+        self.volume_filters: list[Any] = []  # the filters of each GET /volumes
         self._streams: list[queue.SimpleQueue[Any]] = []
         self._lock = threading.Lock()
         engine = self
@@ -43,10 +44,25 @@ class FakeEngine:
                     doc = engine.containers.get(key) or next(
                         (c for c in engine.containers.values() if c["Name"] == "/" + key), None)
                     return self._json(200, doc) if doc else self._json(404, {"message": "no"})
+                if path == "/volumes":
+                    query = urllib.parse.parse_qs(url.query)
+                    engine.volume_filters.append(json.loads(query["filters"][0]))
+                    return self._json(200, {"Volumes": [], "Warnings": None})
                 if path == "/services":
                     if engine.services is None:
                         return self._json(503, {"message": "This node is not a swarm manager."})
                     return self._json(200, engine.services)
+                return self._json(404, {"message": "page not found"})
+
+            def do_POST(self) -> None:
+                """A node's update, as Docker answers it: 200 and no body."""
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                path = urllib.parse.urlparse(self.path).path.removeprefix("/v1.41")
+                if path.startswith("/nodes/") and path.endswith("/update"):
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
                 return self._json(404, {"message": "page not found"})
 
             def _json(self, status: int, doc: Any) -> None:

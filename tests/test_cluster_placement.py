@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
+from dqoes_cg.cluster import managerd
 from dqoes_cg.cluster.manager import PLACEMENTS, Manager
 from dqoes_cg.cluster.protocol import ContainerReport, Report
 from dqoes_cg.cluster.qoe_placement import QoEPlacement
@@ -78,7 +81,16 @@ class Crowded:
 
 
 def test_qoe_placement_is_chosen_by_name() -> None:
-    assert isinstance(PLACEMENTS["qoe"](), QoEPlacement)
+    assert isinstance(PLACEMENTS["qoe"](PlacementParams()), QoEPlacement)
+
+
+def test_a_bad_placement_parameter_is_one_line_and_starts_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        managerd.main(["--placement", "qoe", "--settle", "-5"])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.endswith("settle_s, hold_s and max_moves_per_minute must be >= 0"), line
 
 
 def test_a_stuck_task_moves_after_its_settle_time_to_the_node_with_room() -> None:

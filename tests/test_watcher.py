@@ -81,6 +81,12 @@ def test_engine_errors_are_one_line(tmp_path: Path, engine: FakeEngine) -> None:
     assert Engine(engine.path).services() is None  # not a manager
 
 
+def test_a_reply_with_no_body_is_none(engine: FakeEngine) -> None:
+    """Docker answers a node's update with 200 and nothing else."""
+    assert Engine(engine.path).call("POST", "/nodes/n1/update", {"version": "3"},
+                                    body={"Availability": "pause"}) is None
+
+
 def test_a_listing_at_connect_then_events(engine: FakeEngine, watcher: Watcher) -> None:
     engine.add(cid(1), "web", LABELS, pid=11)
     engine.add(cid(2), "plain", None, pid=12)  # neither labels nor volume: not ours
@@ -125,6 +131,16 @@ def test_a_reconnect_lists_again_and_loses_nothing(engine: FakeEngine, watcher: 
     engine.add(cid(2), "new", LABELS, pid=12)
     again = collect(watcher, lambda c: c.listed)
     assert set(again.seen) == {cid(2)}  # cid(1) is gone: not in the listing
+
+
+def test_every_connect_makes_the_engine_load_the_volume_driver(
+        engine: FakeEngine, watcher: Watcher) -> None:
+    """So that the engine lists it to Swarm, which places tasks with dqoes volumes only on
+    nodes whose engine lists the driver."""
+    watcher.start()
+    wait(lambda: engine.volume_filters == [{"driver": ["dqoes"]}])
+    engine.restart()
+    wait(lambda: len(engine.volume_filters) == 2)
 
 
 def test_service_labels_reach_the_tasks(engine: FakeEngine, watcher: Watcher) -> None:

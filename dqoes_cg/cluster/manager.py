@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engine import Engine, EngineError
+from ..placement import PlacementParams
 from . import swarmapi
 from .actions import SwarmActions
 from .protocol import Ack, ContainerReport, Report
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 GRACE_S = 10.0
 NODE_TIMEOUT_S = 5.0  # without a report, a node is unreachable
 
-PLACEMENTS: dict[str, Callable[[], Placement]] = {"qoe": QoEPlacement}
-"""Placement policies by name (`dqoes-manager --placement NAME`); none by default."""
+PLACEMENTS: dict[str, Callable[[PlacementParams], Placement]] = {"qoe": QoEPlacement}
+"""Placement policies by name (`dqoes-manager --placement NAME`), built with the manager's
+placement parameters; none by default."""
 
 
 @dataclass

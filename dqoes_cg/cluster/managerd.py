@@ -25,6 +25,7 @@ from ..config import MANAGER_SOCKET
 from ..control import ControlServer, Peer, RequestError
 from ..engine import DOCKER_SOCKET, Engine, EngineError
 from ..logs import setup_logging
+from ..placement import PlacementParams
 from ..sdnotify import Notifier
 from .identity import Credentials, IdentityError
 from .manager import NODE_TIMEOUT_S, PLACEMENTS, Manager
@@ -97,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     p.add_argument("--placement", choices=sorted(PLACEMENTS), default=None,
                    help="the placement policy (default: none, Swarm places alone)")
+    defaults = PlacementParams()
+    p.add_argument("--settle", type=float, default=defaults.settle_s, metavar="S",
+                   help="placement: seconds a task stays stuck out of S before it moves, and "
+                        "a paused node roomy before it reopens (default %(default)s)")
+    p.add_argument("--hold", type=float, default=defaults.hold_s, metavar="S",
+                   help="placement: seconds a moved service stays put (default %(default)s)")
+    p.add_argument("--max-moves-per-minute", type=int, default=defaults.max_moves_per_minute,
+                   metavar="N", help="placement: moves over the cluster (default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -104,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        params = PlacementParams(settle_s=args.settle, hold_s=args.hold,
+                                 max_moves_per_minute=args.max_moves_per_minute)
+    except ValueError as e:
+        parser.error(str(e))
     setup_logging(args.verbose)
     engine = Engine(args.engine_socket)
     try:
@@ -112,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         credentials = Credentials(args.certs) if args.certs else \
             Credentials.of_data_root(data_root)
         manager = Manager(engine, node_id, args.node_timeout,
-                          PLACEMENTS[args.placement]() if args.placement else None)
+                          PLACEMENTS[args.placement](params) if args.placement else None)
         manager.tick(time.monotonic())
         server = Server(manager, credentials, swarm_id, listen)
     except (EngineError, ValueError, IdentityError, OSError) as e:
