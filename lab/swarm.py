@@ -6,7 +6,8 @@ at the node's CPU budget.
     swarm = Swarm(THREE_NODES).up(images={BUSYBOX_IMAGE: {"busybox": BUSYBOX}})
     swarm.create_service("sleepers", BUSYBOX_IMAGE, ["/busybox", "sleep", "1d"], replicas=3)
     swarm.wait_running("sleepers", 3)          # {"node1": [Task], "node2": [...], ...}
-    node = swarm.node("node2")                 # .socket, .docker, .cgroup, .tls, .node_id
+    node = swarm.node("node2")                 # .socket, .docker, .cgroup, .tls, .node_id,
+                                               # .etc_docker
     node.spawn(["dqoesd", ...])                # a process of that node
     node.kill_dockerd(); node.start_dockerd()  # faults: kill_dockerd, cut_link
     swarm.down()
@@ -213,6 +214,7 @@ class Node:
         self.link = f"veth-{spec.name}"  # its link's end in the root namespace
         self.data_root = DATA_DIR / spec.name
         self.run_dir = RUN_DIR / spec.name
+        self.etc_docker = ETC_NETNS / spec.name / "docker"  # its /etc/docker
         self.exec_root = self.run_dir / "exec"
         self.socket = self.run_dir / "docker.sock"
         self.log = self.run_dir / "dockerd.log"
@@ -611,7 +613,7 @@ def _make_dirs(nodes: Sequence[Node]) -> None:
     root.mkdir()
     (root / "cgroup.subtree_control").write_text(CONTROLLERS)
     for node in nodes:
-        (ETC_NETNS / node.name / "docker").mkdir(parents=True, exist_ok=True)
+        node.etc_docker.mkdir(parents=True, exist_ok=True)
         node.data_root.mkdir()
         node.run_dir.mkdir(parents=True)
         node.cgroup.parent.mkdir()

@@ -42,11 +42,11 @@ class Artifacts:
 
 
 def artifacts(workdir: Path) -> Artifacts:
-    """What the host built for us (systemd_guest.build_e2e_artifacts), or, run by hand in a
-    systemd guest, the same built here (slowly)."""
+    """What the host built for us (systemd_guest.build_e2e_artifacts, or build_infer alone:
+    no wheel), or, run by hand in a guest, the inference server built here (slowly)."""
     built = os.environ.get(ARTIFACTS_ENV)
     if built:
-        return Artifacts(next(Path(built).glob("dqoes_cg-*.whl")), Path(built, "infer"))
+        return Artifacts(next(Path(built).glob("dqoes_cg-*.whl"), None), Path(built, "infer"))
     infer = workdir / "infer"
     sh("gcc", "-O2", "-static", f"-I{REPO / 'csrc'}", "-o", infer, GUEST_DIR / "infer.c")
     return Artifacts(None, infer)

@@ -17,6 +17,7 @@ import pytest
 
 from .prereqs import missing_guest_packages
 from .routing import GuestRunner, Route, choose_own_guest_route, route_marked
+from .systemd_guest import artifacts_runner, build_infer
 from .vm import BUSYBOX_INIT, NO_APPARMOR, GuestConfig
 
 SWARM_GUEST_ENV = "DQOES_GUEST_SWARM"  # "1" in the swarm guest's test run
@@ -52,7 +53,7 @@ def route_swarm_items(config: pytest.Config, items: list[pytest.Item]) -> Route 
     """Route the selected `guest_swarm` items (in place); None if none was selected."""
     def runner(nodeids: list[str]) -> GuestRunner:
         guest = GuestConfig(init_mode=SWARM_INIT, memory_mib=SWARM_MEMORY_MIB)
-        return GuestRunner(config.rootpath, nodeids, guest,
-                           prepare=lambda: {SWARM_GUEST_ENV: "1"})
+        return artifacts_runner(config, nodeids, guest,
+                                lambda into: {SWARM_GUEST_ENV: "1", **build_infer(into)})
 
     return route_marked(config, items, "guest_swarm", choose_swarm_route, runner)

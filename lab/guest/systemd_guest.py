@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,17 +42,21 @@ def missing_systemd_guest_packages() -> list[str]:
     return missing_guest_packages(SYSTEMD_GUEST_TOOLS)
 
 
-def build_e2e_artifacts(into: Path) -> dict[str, str]:
-    """What would take minutes to build on the guest's emulated CPU, built on the host: the
-    wheel that `make install PACKAGE=...` installs, and the static inference server
-    (infer.c) that the test containers run. The guest's environment names the directory."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "--disable-pip-version-check", "-w", str(into),
-                    str(REPO)], check=True, capture_output=True, timeout=600)
+def build_infer(into: Path) -> dict[str, str]:
+    """The static inference server (infer.c) that test containers run, built on the host
+    (minutes on the guest's emulated CPU); the guest's environment names the directory."""
     subprocess.run(["gcc", "-O2", "-static", "-Wall", "-Wextra", "-Werror",
                     f"-I{REPO / 'csrc'}", "-o", str(into / "infer"), str(GUEST_DIR / "infer.c")],
                    check=True, capture_output=True, timeout=300)
-    return {SYSTEMD_GUEST_ENV: "1", ARTIFACTS_ENV: str(into)}
+    return {ARTIFACTS_ENV: str(into)}
+
+
+def build_e2e_artifacts(into: Path) -> dict[str, str]:
+    """build_infer's, and the wheel that `make install PACKAGE=...` installs."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "--disable-pip-version-check", "-w", str(into),
+                    str(REPO)], check=True, capture_output=True, timeout=600)
+    return {SYSTEMD_GUEST_ENV: "1", **build_infer(into)}
 
 
 def choose_systemd_route() -> Route:
@@ -62,10 +68,17 @@ def choose_systemd_route() -> Route:
 def route_systemd_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
     """Route the selected `guest_systemd` items (in place); None if none was selected."""
     def runner(nodeids: list[str]) -> GuestRunner:
-        artifacts = Path(tempfile.mkdtemp(prefix="dqoes-e2e-"))
-        config.add_cleanup(lambda: shutil.rmtree(artifacts, ignore_errors=True))
-        guest = GuestConfig(init_mode=SYSTEMD_INIT, shares=(Share("e2e", artifacts),))
-        return GuestRunner(config.rootpath, nodeids, guest,
-                           prepare=lambda: build_e2e_artifacts(artifacts))
+        return artifacts_runner(config, nodeids, GuestConfig(init_mode=SYSTEMD_INIT),
+                                build_e2e_artifacts)
 
     return route_marked(config, items, "guest_systemd", choose_systemd_route, runner)
+
+
+def artifacts_runner(config: pytest.Config, nodeids: list[str], guest: GuestConfig,
+                     build: Callable[[Path], dict[str, str]]) -> GuestRunner:
+    """A runner of `nodeids` in `guest`, with what `build` makes on the host just before the
+    boot in a directory shared into the guest (removed at the session's end)."""
+    artifacts = Path(tempfile.mkdtemp(prefix="dqoes-e2e-"))
+    config.add_cleanup(lambda: shutil.rmtree(artifacts, ignore_errors=True))
+    guest = replace(guest, shares=(*guest.shares, Share("e2e", artifacts)))
+    return GuestRunner(config.rootpath, nodeids, guest, prepare=lambda: build(artifacts))
