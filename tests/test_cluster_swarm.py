@@ -321,7 +321,7 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
     finally:
         for name in CROWD:
             swarm.remove_service(name)
-        daemons.stop("manager")
+        daemons.stop("manager")  # first: it could pause a node again
         for node in swarm.nodes:  # placement may have paused one to new tasks
             if PAUSED_LABEL in _node_labels(swarm, node.name):
                 swarm.docker("node", "update", "--availability", "active", "--label-rm",
