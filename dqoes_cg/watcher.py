@@ -145,7 +145,6 @@ class Watcher:
                 return
             self._list_all()
             self._load_volume_driver()
-            self.connected.set()
             for event in stream:
                 if event.type == "container" and event.action in CONTAINER_ACTIONS:
                     self._look_at(event.id)
@@ -171,6 +170,7 @@ class Watcher:
             self._names = {c.name: c.id for c in containers.values()}
             seen = {cid: s for cid, c in containers.items() if (s := self._seen(c))}
             self._changes = Changes(listed=True, seen=seen)
+            self.connected.set()  # with the listing: whoever takes it can look names up
             ours = len(seen)
         log.info("following %s: %d running container(s), %d of them with dqoes labels or "
                  "volumes", self.engine, len(containers), ours)

@@ -9,6 +9,7 @@ import json
 import queue
 import socketserver
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ class FakeEngine:
         self.services: list[dict[str, Any]] | None = None  # None: not a manager (503)
         self.requests = 0
         self.volume_filters: list[Any] = []  # the filters of each GET /volumes
+        self.volumes_delay_s = 0.0  # before it answers GET /volumes
         self._streams: list[queue.SimpleQueue[Any]] = []
         self._lock = threading.Lock()
         engine = self
@@ -45,6 +47,7 @@ class FakeEngine:
                         (c for c in engine.containers.values() if c["Name"] == "/" + key), None)
                     return self._json(200, doc) if doc else self._json(404, {"message": "no"})
                 if path == "/volumes":
+                    time.sleep(engine.volumes_delay_s)
                     query = urllib.parse.parse_qs(url.query)
                     engine.volume_filters.append(json.loads(query["filters"][0]))
                     return self._json(200, {"Volumes": [], "Warnings": None})

@@ -143,6 +143,17 @@ def test_every_connect_makes_the_engine_load_the_volume_driver(
     wait(lambda: len(engine.volume_filters) == 2)
 
 
+def test_names_are_known_as_soon_as_the_listing_is(engine: FakeEngine,
+                                                    watcher: Watcher) -> None:
+    """Whoever takes the listing can look its names up, however long the engine then takes
+    to load the volume driver."""
+    engine.volumes_delay_s = 2.0
+    engine.add(cid(1), "plain", None, pid=11)
+    watcher.start()
+    collect(watcher, lambda c: c.listed)
+    assert watcher.container_id("plain") == cid(1)
+
+
 def test_service_labels_reach_the_tasks(engine: FakeEngine, watcher: Watcher) -> None:
     task = {"com.docker.swarm.service.id": "svc1", "dqoes.target": "2s"}
     engine.add(cid(1), "tagger.1.x", task, pid=11)
