@@ -34,7 +34,7 @@ lint:
 test: deps lint
 	cd $(ROOT) && $(PYTHON) -m pytest -q -rs
 
-# The multi-node Swarm tests (their own guest, about 20 minutes), not part of `make test`.
+# The multi-node Swarm tests (their own guest, about 30 minutes on a loaded host), not part of `make test`.
 test-swarm: deps
 	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
 
