@@ -402,13 +402,18 @@ static int parse_pressure_some(const char *buf, size_t len, uint64_t *total)
     return 0;
 }
 
-size_t dq_cgtable_pressure(dq_cgtable *t, uint64_t *some_usec, int32_t *status)
+size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec,
+                           int32_t *status)
 {
     char buf[PSI_BUF];
     size_t ok = 0;
 
     for (size_t i = 0; i < t->n; i++) {
         const struct dq_cgentry *e = &t->e[i];
+        if (want && !want[i] && e->psi_fd >= 0) { /* without the file: reported below */
+            status[i] = DQ_CG_SKIPPED;
+            continue;
+        }
         uint64_t total = 0;
         ssize_t n = e->psi_fd < 0 ? e->psi_fd : read_all(e->psi_fd, buf, sizeof buf);
         int err = n < 0 ? (int)-n : parse_pressure_some(buf, (size_t)n, &total);

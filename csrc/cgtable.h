@@ -18,6 +18,7 @@
 #define DQ_CG_GONE      1 /* the cgroup (or its file) no longer exists */
 #define DQ_CG_MALFORMED 2 /* the file's content could not be parsed */
 #define DQ_CG_ERROR     3 /* any other failure; dq_cgtable_errno() tells which */
+#define DQ_CG_SKIPPED   4 /* not read: the caller did not ask for it (pressure only) */
 
 typedef struct dq_cgtable dq_cgtable;
 
@@ -52,12 +53,16 @@ size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t 
 size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_usec,
                             int32_t *status);
 
-/* Reads the total of the "some" line of every entry's cpu.pressure: the time, in
- * microseconds, during which at least one of its tasks was runnable but waited for a CPU
- * (pressure stall information; a kernel without it has no such file, and every entry
- * reports that). Where status is OK the total is updated; this status is not the entry's
- * (dq_cgtable_errno is not changed). Returns the number of OK entries. */
-size_t dq_cgtable_pressure(dq_cgtable *t, uint64_t *some_usec, int32_t *status);
+/* Reads the total of the "some" line of cpu.pressure of every entry i with want[i] != 0
+ * (of every entry when want is NULL): the time, in microseconds, during which at least one
+ * of its tasks was runnable but waited for a CPU (pressure stall information; a kernel
+ * without it has no such file, and every entry reports that). Where status is OK the total
+ * is updated; an entry not wanted is not read, its status is DQ_CG_SKIPPED and its total
+ * left as it was, unless it has no open cpu.pressure, whose failure it reports as when
+ * wanted (that costs no read). This status is not the entry's (dq_cgtable_errno is not
+ * changed). Returns the number of OK entries. */
+size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec,
+                           int32_t *status);
 
 /* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0. */
 int dq_cgtable_errno(const dq_cgtable *t, size_t i);

@@ -30,6 +30,7 @@ class Status(IntEnum):
     GONE = lib.DQ_CG_GONE
     MALFORMED = lib.DQ_CG_MALFORMED
     ERROR = lib.DQ_CG_ERROR
+    SKIPPED = lib.DQ_CG_SKIPPED  # pressure(): not read, as `pressure_wanted` asked
 
 
 MAX_QUOTA = -1
@@ -127,7 +128,9 @@ class CgroupTable:
     max_period_usec = _Array(np.int64)
     read_back_status = _Array(np.int32, Status.ERROR)
     drifted = _Array(np.bool_, False)
-    # pressure(): time a task of the cgroup waited for a CPU (cpu.pressure "some"), Status
+    # pressure(): the request (read this slot?), then the time a task of the cgroup waited
+    # for a CPU (cpu.pressure "some") and the Status
+    pressure_wanted = _Array(np.bool_, True)
     waited_usec = _Array(np.uint64)
     pressure_status = _Array(np.int32, Status.ERROR)
 
@@ -173,10 +176,14 @@ class CgroupTable:
                                      p["nr_periods"], p["nr_throttled"], p["status"])
 
     def pressure(self) -> int:
-        """Reads every cgroup's CPU pressure total into `waited_usec`; returns the number of
-        OK slots. A kernel without pressure stall information leaves every slot not OK."""
+        """Reads the CPU pressure total of every cgroup that `pressure_wanted` (filled in
+        place; every slot at construction) asks for into `waited_usec`; returns the number
+        of OK slots. A slot not asked for is not read: Status.SKIPPED, its total left as it
+        was (but a slot without the file, as on a kernel without pressure stall
+        information, reports that failure either way: it costs no read)."""
         p = self._ptr
-        return lib.dq_cgtable_pressure(self._handle(), p["waited_usec"], p["pressure_status"])
+        return lib.dq_cgtable_pressure(self._handle(), p["pressure_wanted"], p["waited_usec"],
+                                       p["pressure_status"])
 
     def apply(self, quota_usec: np.ndarray | int | None = None,
               period_usec: np.ndarray | int | None = None) -> int:

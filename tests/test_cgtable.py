@@ -375,6 +375,32 @@ def test_pressure_never_follows_a_symlink(tmp_path: Path) -> None:
         assert t.pressure() == 0 and t.pressure_status[0] != Status.OK
 
 
+def test_pressure_reads_only_the_slots_asked_for(tmp_path: Path) -> None:
+    a, b, c = (make_cgroup(tmp_path, name) for name in "abc")
+    write(a / "cpu.pressure", PRESSURE.format(11))
+    write(b / "cpu.pressure", PRESSURE.format(22))
+    (c / "cpu.pressure").unlink()  # no pressure stall information
+    with CgroupTable([a, b, c]) as t:
+        assert t.pressure_wanted.tolist() == [True] * 3  # every slot unless told otherwise
+        assert t.pressure() == 2 and t.waited_usec[:2].tolist() == [11, 22]
+        write(a / "cpu.pressure", PRESSURE.format(111))
+        write(b / "cpu.pressure", "malformed")  # would be seen if it were read
+        t.pressure_wanted[:] = [True, False, False]
+        assert t.pressure() == 1
+        # b not read: its last total kept; c has no file, which it says either way
+        assert t.pressure_status.tolist() == [Status.OK, Status.SKIPPED, Status.GONE]
+        assert t.waited_usec[:2].tolist() == [111, 22]
+        t.pressure_wanted.fill(False)
+        assert t.pressure() == 0
+        assert t.pressure_status.tolist() == [Status.SKIPPED, Status.SKIPPED, Status.GONE]
+        assert t.waited_usec[:2].tolist() == [111, 22]
+        t.pressure_wanted[1] = True
+        t.pressure()
+        assert t.pressure_status.tolist() == [Status.SKIPPED, Status.MALFORMED, Status.GONE]
+        with CgroupTable([b, a, tmp_path / "new"], adopt=t) as again:  # the request follows
+            assert again.pressure_wanted.tolist() == [True, False, True]
+
+
 # --- real cgroup v2 (kernel) ----------------------------------------------------------
 
 
