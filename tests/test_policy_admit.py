@@ -16,6 +16,7 @@ from dqoes_cg.policy.admit import (
     INCUMBENT,
     MARGIN_MIN,
     PROBE,
+    WANT_PRESSURE,
     Admit,
     Scratch,
     water_level,
@@ -159,8 +160,9 @@ def test_usage_under_the_cap_is_not_a_maximum_when_cfs_gave_the_cpu_away():
 
 
 @pytest.mark.parametrize(("waited", "admitted"), [
-    (None, False), ([0.0] * 4, False), ([NAN] * 4, False), ([0.12, 0.0, 0.0, 0.0], True)],
-    ids=["not measured", "no wait", "unknown", "waited"])
+    (None, False), ([0.0] * 4, False), ([NAN] * 4, False), ([0.12, 0.0, 0.0, 0.0], True),
+    ([math.inf, 0.0, 0.0, 0.0], True)],
+    ids=["not measured", "no wait", "unknown", "waited", "not read"])
 def test_usage_under_the_cap_is_not_a_maximum_when_the_container_waited_for_a_cpu(
         waited: list[float] | None, admitted: bool):
     # c0 used 0.3 of its cap 0.43 with 0.13 of the node seemingly idle. If it waited for a
@@ -176,6 +178,20 @@ def test_usage_under_the_cap_is_not_a_maximum_when_the_container_waited_for_a_cp
         assert d.limits[0] >= 0.4 * LEAN - 1e-9
     else:
         assert d.limits[0] == pytest.approx(0.3 * (1 + PROBE))
+
+
+def test_pressure_is_asked_for_where_the_next_window_may_find_a_container_under_its_cap():
+    # c0 used all of its cap 0.2 and is raised to its need: whether it can use the raise
+    # is the next window's question, and its pressure part of the answer. c1 is raised to
+    # the floor. c2 (unlimited) is capped under what it used: at its cap in the next window,
+    # where its pressure tells nothing. c3 is a training job: no target, no pressure.
+    pol = policy(4)
+    d = pol.decide(obs([1.0, 1.0, 1.0, NAN], [0.4 / 0.2, 0.05 / 0.1, 0.3 / 0.3, NAN],
+                       [0.2, 0.1, 0.3, 0.2], [0.2, 0.1, NAN, 0.2]), 0.0)
+    assert d is not None and d.pressure is not None
+    assert d.limits[0] > 0.2 / WANT_PRESSURE and d.limits[1] > 0.1 / WANT_PRESSURE
+    assert d.limits[2] < 0.3
+    assert d.pressure.tolist() == [True, True, False, False]
 
 
 def test_a_container_that_uses_more_than_its_maximum_raises_it():

@@ -321,6 +321,18 @@ def test_only_training_jobs_is_flowcon_alone() -> None:
     assert d is not None and pol.name == "flowcon" and d.limits.tolist() == [0.25, 1.0]
 
 
+def test_only_the_admit_policy_asks_for_pressure_and_only_its_services() -> None:
+    obs = mixed_obs([0.3, 0.6], "GB", service_usage=[0.1, 0.1])  # both well under their caps
+    for name, services in (("dqoes", [False, False]), ("admit", [True, True])):
+        pol = make_policy(name)
+        pol.resize(4)
+        d = pol.decide(obs, 0.0)
+        assert d is not None and d.pressure is not None
+        assert d.pressure.tolist() == [*services, False, False]
+    d = one_round(jobs([NL, CL], [1.0, 0.1]))
+    assert d.pressure is not None and not d.pressure.any()
+
+
 def test_training_uses_what_the_services_leave() -> None:
     pol = make_policy("dqoes")
     pol.resize(4)

@@ -51,6 +51,15 @@ worker at its maximum from one that could run more but waited: on a real node th
 scheduler does not always place a task where the idle CPU is (a worker sharing a CPU with
 throttled neighbours), and CPU used outside the containers is not idle.
 
+Only that rule reads the pressure, so the loop measures it (a system call per container)
+only where the decision asks for it (Decision.pressure): the services that used less than
+(1 - SLACK/2) of the cap the round leaves them (T_R if none), those that may use less than
+(1 - SLACK) of it over the next window. A container at its cap that was not raised is not
+read; should its own load drop under the cap within that window, its pressure is unknown
+(+inf: as if it waited) and its maximum is learned one window later. A container whose cap
+was raised is read at once, so a worker that cannot use the raise is told from one that
+waited in the very next window.
+
 Admission: the most containers in S
 -----------------------------------
 Every container keeps at least the floor f = T_R / (2n), as under DQoES: none is starved,
@@ -149,6 +158,7 @@ JUMP_MIN = 0.10
 MARGIN_Z = 2.0  # margin from the band's edges, in scatters of log latency
 MARGIN_MIN = 0.005  # ... and at least this (model error, rounding): 0.5% of latency
 SLACK = 0.10  # using less than 90% of its cap: the container cannot use more
+WANT_PRESSURE = 1.0 - SLACK / 2  # its pressure is read if it used less than this of its cap
 PROBE = 0.15  # a container held at its usable maximum m gets m (1 + PROBE)
 INCUMBENT = 0.10  # an admitted container's cost counts 10% less in the admission order
 _TIE = 1e-12  # per slot, so that equal costs are admitted in slot order
@@ -403,6 +413,18 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     np.copyto(limit_out, s.x, where=other)
 
 
+def pressure_wanted(obs: Observation, d: Decision, s: Scratch) -> None:
+    """d.pressure: the services whose usage over the window was under WANT_PRESSURE of the
+    cap d.limits leaves them (T_R where none), the only ones that may be found under
+    (1 - SLACK) of it at the next window's end, when learn_into reads their pressure."""
+    assert d.pressure is not None
+    np.fmin(d.limits, T_R, out=s.x)  # NaN (no limit): T_R
+    np.multiply(s.x, WANT_PRESSURE, out=s.x)
+    np.less(obs.usage, s.x, out=d.pressure)
+    np.isfinite(obs.target, out=s.mask)  # a training job has no target: never read
+    np.logical_and(d.pressure, s.mask, out=d.pressure)
+
+
 class Admit:
     """The admission policy: needs from work per request, cheapest first, caps as guarantees."""
 
@@ -426,7 +448,7 @@ class Admit:
         self._ws = Workspace.sized(n)
         self._s = Scratch.sized(n)
         self._decision = Decision(limits=np.zeros(n), classes=np.zeros(n, dtype=np.int8),
-                                  score=self._ws.q)
+                                  score=self._ws.q, pressure=np.ones(n, bool))
         self.reset()
 
     def reset(self) -> None:
@@ -462,6 +484,7 @@ class Admit:
         np.copyto(d.limits, obs.limit)
         allocate_into(d.limits, floor, left, s)
         np.copyto(mem.admitted, s.admitted)
+        pressure_wanted(obs, d, s)
         self.listener.observe(totals.q_g, totals.q_b, totals.satisfied)
         self.listener.schedule(now)
         d.totals = {**totals._asdict(), "admitted": int(np.count_nonzero(s.admitted))}

@@ -61,7 +61,9 @@ class Observation:
     #                    chooses a container's first limit)
     waited: FloatArray | None = None  # CPU time its tasks spent runnable but waiting for a
     #                                  CPU over the window (cpu.pressure "some"), fraction
-    #                                  of T_R like usage; NaN: unknown; None: not measured
+    #                                  of T_R like usage; NaN: unknown; +inf: not read, as
+    #                                  the last Decision.pressure asked (count it as having
+    #                                  waited); None: not measured
     # Training jobs. None (the default): every slot is an inference service.
     training: BoolArray | None = None  # the slot is a training job (its target and
     #                                    measured are NaN)
@@ -87,6 +89,9 @@ class Decision:
     #                    growth efficiency G_i); not for IDLE
     totals: dict[str, float] = field(default_factory=dict)  # per-round scalars, for status
     interval: float = 0.0  # seconds until the policy is due again
+    pressure: BoolArray | None = None  # the slots whose Observation.waited the policy will
+    #                                    use at the end of the next window: only theirs is
+    #                                    measured (each read costs a system call); None: all
 
 
 class Policy(Protocol):

@@ -288,7 +288,7 @@ class DQoES:
         """n slots from now on; DQoES keeps nothing per container, so `carried` is unused."""
         self._ws = Workspace.sized(n)
         self._decision = Decision(limits=np.zeros(n), classes=np.zeros(n, dtype=np.int8),
-                                  score=self._ws.q)
+                                  score=self._ws.q, pressure=np.zeros(n, bool))  # never used
         self.reset()
 
     def reset(self) -> None:

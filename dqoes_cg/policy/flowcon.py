@@ -390,7 +390,8 @@ class FlowCon:
         # Every job's curve starts afresh: a rebuild is rare beside a job's epochs.
         self.ws = Workspace.sized(n)
         self._decision = Decision(limits=np.full(n, np.nan),
-                                  classes=np.zeros(n, dtype=np.int8), score=np.full(n, np.nan))
+                                  classes=np.zeros(n, dtype=np.int8), score=np.full(n, np.nan),
+                                  pressure=np.zeros(n, bool))  # never used
         self.reset()
 
     def reset(self) -> None:

@@ -81,8 +81,10 @@ class Mixed:
     def resize(self, n: int, carried: IndexArray | None = None) -> None:
         self.inference.resize(n, carried)
         self.training.resize(n, carried)
+        self._pressure = np.ones(n, bool)  # the inference policy's last Decision.pressure
         self._decision = Decision(limits=np.full(n, np.nan),
-                                  classes=np.zeros(n, dtype=np.int8), score=np.full(n, np.nan))
+                                  classes=np.zeros(n, dtype=np.int8), score=np.full(n, np.nan),
+                                  pressure=self._pressure)
         self._held = np.zeros(n)  # scratch: each service's limit
         self._x = np.zeros(n)
         self._serving = np.zeros(n, dtype=bool)  # the services: not training jobs
@@ -133,6 +135,10 @@ class Mixed:
             np.copyto(d.limits, inference.limits)
             np.copyto(d.classes, inference.classes)
             np.copyto(d.score, inference.score)
+            if inference.pressure is None:
+                self._pressure.fill(True)
+            else:
+                np.copyto(self._pressure, inference.pressure)
             self._inference_totals = inference.totals
             self._inference_interval = inference.interval
             self._give_way(obs, d, mask, services)
