@@ -9,6 +9,14 @@ the previous fleet's open files and per-container state by name.
 A training job's interval runs from its last report before the window (else its first in
 the window) to its last in the window: the reports carry their own times, so the progress
 between two reports is exact however the windows fall.
+
+cpu.pressure (how long each container waited for a CPU over the window) is read only for
+the containers whose pressure the policy said it will use (`Decision.pressure`; every one
+until it says): at each window's end for those it asked for over that window, and at its
+decision for those it asks for over the next one that were not read then, so that each
+window's wait is the difference of two readings at its own ends. A container not read at
+either end waited an unknown time by choice (+inf, which the policy counts as having
+waited); one whose file could not be read, an unknown time (NaN).
 """
 
 from __future__ import annotations
@@ -60,7 +68,9 @@ class Fleet:
         self.usage_at_window = np.zeros(n, np.uint64)
         self.waited = np.full(n, np.nan)
         self.waited_at_window = np.zeros(n, np.uint64)
-        self.pressure_known = np.zeros(n, bool)  # waited_at_window holds a reading
+        # the Status of that reading: OK, SKIPPED (not read) or why it failed
+        self.pressure_at_window = np.full(n, Status.ERROR, np.int32)
+        self.pressure_wanted = np.ones(n, bool)  # read at this window's end
         # Training jobs: the latest report (value, and time in s), kept across windows, and
         # the interval of the last window (the policy's inputs).
         self.evaluation = np.full(n, np.nan)
@@ -85,6 +95,7 @@ class Fleet:
         self._first = np.zeros(n, bool)
         self._read = np.zeros(n, bool)
         self._unknown = np.zeros(n, bool)
+        self._skipped = np.zeros(n, bool)
         self.obs = Observation(target=self.target_s, measured=self.measured, usage=self.usage,
                                limit=limit, waited=self.waited, training=self.training,
                                classes=self.classes,
@@ -96,15 +107,17 @@ class Fleet:
             np.copyto(a, table.usage_usec)
         np.copyto(self.periods_prev, table.nr_periods)
         np.copyto(self.throttled_prev, table.nr_throttled)
+        table.pressure_wanted.fill(True)
         table.pressure()
         np.copyto(self.waited_at_window, table.waited_usec)
-        np.equal(table.pressure_status, Status.OK, out=self.pressure_known)
+        np.copyto(self.pressure_at_window, table.pressure_status)
         self.carried = np.full(n, -1, np.intp)  # each slot's slot in `previous`; -1: joined
         if previous is not None:
             new, old = carry_index(self.names, previous.names)
             self.carried[new] = old
             for attr in ("measured", "usage", "samples", "classes", "score", "window_start",
-                         "usage_at_window", "waited_at_window", "pressure_known",
+                         "usage_at_window", "waited_at_window", "pressure_at_window",
+                         "pressure_wanted",
                          "tick_cores", "throttled_ratio", "evaluation", "evaluated_at"):
                 getattr(self, attr)[new] = getattr(previous, attr)[old]
 
@@ -160,17 +173,44 @@ class Fleet:
 
     def _waited(self) -> None:
         """The CPU each container waited for over the window (its pressure), in the units
-        of usage (self._g holds the window's CPU time); NaN where either end is unknown."""
-        t, read = self.table, self._read
+        of usage (self._g holds the window's CPU time): +inf where either end was not read
+        (not wanted), else NaN where either end is unknown. The readings at its end, where
+        wanted, start the next window."""
+        t, status, start = self.table, self.table.pressure_status, self.pressure_at_window
+        read, unknown, skipped = self._read, self._unknown, self._skipped
+        np.copyto(t.pressure_wanted, self.pressure_wanted)
         t.pressure()
-        np.equal(t.pressure_status, Status.OK, out=read)
         np.subtract(t.waited_usec, self.waited_at_window, out=self._u)
         np.divide(self._u, self._g, out=self.waited)
-        np.logical_and(read, self.pressure_known, out=self._unknown)
-        np.logical_not(self._unknown, out=self._unknown)
-        np.copyto(self.waited, np.nan, where=self._unknown)
+        np.equal(status, Status.OK, out=read)
+        np.equal(start, Status.OK, out=unknown)
+        np.logical_and(unknown, read, out=unknown)
+        np.logical_not(unknown, out=unknown)
+        np.copyto(self.waited, np.nan, where=unknown)
+        np.equal(status, Status.SKIPPED, out=skipped)
+        np.equal(start, Status.SKIPPED, out=unknown)
+        np.logical_or(skipped, unknown, out=skipped)
+        np.copyto(self.waited, np.inf, where=skipped)
         np.copyto(self.waited_at_window, t.waited_usec, where=read)
-        np.copyto(self.pressure_known, read)
+        np.copyto(start, status)
+
+    def _want_pressure(self, wanted: np.ndarray | None) -> None:
+        """The containers whose pressure the policy will use over the next window (all if
+        None): those among them not read at this window's end are read now."""
+        t, extra = self.table, self._skipped
+        if wanted is None:
+            self._read.fill(True)
+            wanted = self._read
+        np.equal(self.pressure_at_window, Status.SKIPPED, out=extra)
+        np.logical_and(extra, wanted, out=extra)
+        np.copyto(self.pressure_wanted, wanted)
+        if not extra.any():
+            return
+        np.copyto(t.pressure_wanted, extra)
+        t.pressure()
+        np.copyto(self.pressure_at_window, t.pressure_status, where=extra)
+        np.equal(t.pressure_status, Status.OK, out=extra)
+        np.copyto(self.waited_at_window, t.waited_usec, where=extra)
 
     def _reports(self, w: WindowStats) -> None:
         """The interval of each training job's reports: from its last before the window
@@ -194,9 +234,11 @@ class Fleet:
         np.copyto(self.evaluated_at, self.eval_last_at, where=reported)
 
     def record(self, decision: Decision) -> None:
-        """Keep a decision's classes and scores for status."""
+        """Keep a decision's classes and scores for status, and the containers whose
+        pressure it will use over the next window."""
         np.copyto(self.classes, decision.classes)
         np.copyto(self.score, decision.score)
+        self._want_pressure(decision.pressure)
 
     def close(self) -> None:
         self.table.close()

@@ -7,6 +7,7 @@ kernel: test_daemon_kernel.py.)"""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -17,10 +18,12 @@ import pytest
 
 from dqoes_cg import api
 from dqoes_cg.actuator import BACKOFF_S
+from dqoes_cg.cgtable import Status
 from dqoes_cg.config import Config
 from dqoes_cg.control import Peer, RequestError
 from dqoes_cg.controller import Controller
 from dqoes_cg.ctl import format_status
+from dqoes_cg.fleet import Fleet
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import Decision, Observation
 from dqoes_cg.state import StateError, StateStore
@@ -211,6 +214,107 @@ def test_a_window_tells_the_policy_how_long_each_container_waited_for_a_cpu(
     assert obs.waited[c.fleet.slot[a]] == pytest.approx(0.25)
     assert np.isnan(obs.waited[c.fleet.slot[b]])
     assert c.fleet.observe_window(start + 2.0).waited[c.fleet.slot[a]] == 0.0
+    c.shutdown()
+
+
+def _pressure(cgroup: Path, total_usec: int | str) -> None:
+    write(cgroup / "cpu.pressure", f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_usec}\n"
+                                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+
+def _wanting(fleet: Fleet, wanted: list[bool]) -> None:
+    """The policy's decision at the end of a window: pressure wanted over the next one."""
+    n = len(fleet)
+    fleet.record(Decision(np.zeros(n), np.ones(n, np.int8), np.zeros(n),
+                          pressure=np.array(wanted)))
+
+
+def test_pressure_is_read_only_where_the_policy_uses_it_and_never_across_a_gap(
+        host: Host) -> None:
+    a, b = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target(b, 0.1, "mean", False)
+    c.tick(time.monotonic())  # a decision that asks for nothing: every slot is read
+    f = c.fleet
+    ia, ib = f.slot[a], f.slot[b]
+    start = f.window_start[0]
+    _wanting(f, [i == ia for i in range(2)])  # over the next window: a's pressure only
+    _pressure(host.a, 500_000)
+    _pressure(host.b, "garbage")  # not read, so not found malformed
+    waited = f.observe_window(start + 1.0).waited
+    assert waited is not None
+    assert waited[ia] == pytest.approx(0.25)  # 0.5 s over 1 s of 2 CPUs
+    assert waited[ib] == math.inf  # not read at the end: as if it waited
+    assert f.table.pressure_status[ib] == Status.SKIPPED
+    _pressure(host.b, 900_000)
+    _wanting(f, [i == ib for i in range(2)])  # b read now, at the start of its window
+    assert f.table.pressure_status[ib] == Status.OK
+    _pressure(host.a, 700_000)
+    _pressure(host.b, 1_100_000)
+    waited = f.observe_window(start + 2.0).waited
+    assert waited is not None
+    assert waited[ib] == pytest.approx(0.1)  # 0.2 s since that reading, not 1.1 s since ever
+    assert waited[ia] == math.inf  # read at the start, not at the end
+    _wanting(f, [True, True])  # a read again at the decision: 700 000 at its window's start
+    _pressure(host.a, 800_000)
+    waited = f.observe_window(start + 3.0).waited
+    assert waited is not None and waited[ia] == pytest.approx(0.05)
+    c.shutdown()
+
+
+def test_pressure_not_asked_for_is_still_unknown_where_the_kernel_has_none(
+        host: Host) -> None:
+    a, b = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target(b, 0.1, "mean", False)
+    (host.b / "cpu.pressure").unlink()  # as on a kernel without pressure stall information
+    c.tick(time.monotonic())
+    f = c.fleet
+    _wanting(f, [False, False])
+    waited = f.observe_window(f.window_start[0] + 1.0).waited
+    assert waited is not None
+    assert waited[f.slot[a]] == math.inf and np.isnan(waited[f.slot[b]])  # as before: NaN
+    c.shutdown()
+
+
+class QuietPolicy(FixedPolicy):
+    """Due only when told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.is_due = True
+
+    def due(self, now: float) -> bool:
+        return self.is_due
+
+
+def test_pressure_wanted_follows_a_container_across_a_membership_change(
+        host: Host) -> None:
+    a, b = _names(host)
+    policy = QuietPolicy()
+    c = host.controller(policy)
+    c.set_target(a, 0.1, "mean", False)
+    c.tick(time.monotonic())
+    f = c.fleet
+    start = f.window_start[0]
+    _wanting(f, [False])
+    f.observe_window(start + 1.0)  # a not read at this window's end, nor wanted over the next
+    policy.is_due = False
+    c.set_target(b, 0.1, "mean", False)
+    c.tick(start + 1.5)  # a new fleet (which reads every cgroup), no decision
+    g = c.fleet
+    assert g is not f and len(g) == 2
+    ia, ib = g.slot[a], g.slot[b]
+    assert g.pressure_wanted[ia] == False and g.pressure_wanted[ib] == True  # noqa: E712
+    assert g.pressure_at_window[ia] == Status.SKIPPED  # its window started unread
+    _pressure(host.a, 300_000)
+    _pressure(host.b, 300_000)
+    waited = g.observe_window(start + 2.0).waited
+    assert waited is not None
+    assert waited[ia] == math.inf
+    assert waited[ib] == pytest.approx(0.3)  # 0.3 s since it joined at 1.5, of 2 CPUs
     c.shutdown()
 
 
