@@ -540,15 +540,17 @@ class Swarm:
         """`docker service update` with these options (e.g. --constraint-add ...)."""
         self.docker("service", "update", "--detach", "--no-resolve-image", *options, name)
 
-    def remove_service(self, name: str, timeout: float = START_TIMEOUT) -> None:
-        """Remove a service and wait until none of its tasks has a container left."""
-        self.docker("service", "rm", name)
-        query = f"/containers/json?all=1&filters={_filters(label=[f'{SERVICE_LABEL}={name}'])}"
+    def remove_service(self, *names: str, timeout: float = START_TIMEOUT) -> None:
+        """Remove services and wait until none of their tasks has a container left."""
+        self.docker("service", "rm", *names)
+        queries = [f"/containers/json?all=1&filters={_filters(label=[f'{SERVICE_LABEL}={name}'])}"
+                   for name in names]
 
         def gone() -> bool:
-            return not any(node.engine.get(query) for node in self.nodes if node.dockerd_running)
+            return not any(node.engine.get(query) for query in queries
+                           for node in self.nodes if node.dockerd_running)
 
-        wait_for(gone, timeout, f"the containers of {name} removed")
+        wait_for(gone, timeout, f"the containers of {', '.join(names)} removed")
 
     def tasks(self, service: str) -> list[Task]:
         """Every task of a service the manager remembers, the ended ones too."""

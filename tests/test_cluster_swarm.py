@@ -3,131 +3,43 @@ dqoes-agent on every node, dqoes-manager on the Swarm manager, a service labelle
 target. `dqoesctl cluster status` shows every node and the service's tasks with its target;
 a target changed on the service reaches every task without recreating any; a manager
 started again has the whole view back; a node whose agent stops, whose dockerd is killed or
-whose link is cut is shown unreachable, none of its tasks counted, and comes back.
+whose link is cut is shown unreachable, none of its tasks counted, and comes back; a task
+stuck in B moves to a node that can satisfy it; the cluster experiment's smoke test.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from dqoes_cg.cluster.swarmapi import PAUSED_LABEL
-from dqoes_cg.volumes import DRIVER, SOCKET_NAME, plugin_spec
+from bench.cluster.testbed import run_testbed, scaled_scenario
 from lab.guest.e2e import VOLUME, artifacts
-from lab.shell import sh, wait_for
-from lab.swarm import BUSYBOX_IMAGE, Node, Swarm
+from lab.shell import wait_for
+from lab.swarm import BUSYBOX_IMAGE, Swarm
+from lab.swarm_cluster import (
+    CONVERGE_S,
+    INFER_IMAGE,
+    ClusterDaemons,
+    import_infer,
+    reopen_nodes,
+    wait_volume_driver,
+)
 
 pytestmark = pytest.mark.guest_swarm
 
-ROOT = Path(__file__).resolve().parent.parent
-CONVERGE_S = 600.0  # minutes: seven Python daemons and three engines on an emulated CPU
 SERVICE = "cluster-web"
-INFER_IMAGE = "lab/infer:1"
-# Agents report every 2 s; on an emulated CPU shared with other guests a report may come
-# tens of seconds late, which must not make a node that runs well unreachable.
-NODE_TIMEOUT_S = 60.0
-
-
-class Daemons:
-    """dqoesd and dqoes-agent on every node, dqoes-manager on the manager node."""
-
-    def __init__(self, swarm: Swarm) -> None:
-        self.swarm = swarm
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.manager_socket = swarm.manager.run_dir / "dqoes-manager.sock"
-        for node in swarm.nodes:
-            run = self.run_dir(node)
-            spec = node.etc_docker / "plugins" / f"{DRIVER}.spec"  # its ring volumes
-            spec.parent.mkdir(exist_ok=True)
-            spec.write_text(plugin_spec(run / SOCKET_NAME))
-            self._start(f"dqoesd-{node.name}", node, "dqoes_cg.daemon", "--cpus", str(node.cpus),
-                        "--engine-socket", str(node.socket),
-                        "--run-dir", str(run), "--state-dir", str(run / "state"))
-            self._start(f"agent-{node.name}", node, "dqoes_cg.cluster.agent", "--engine-socket",
-                        str(node.socket), "--socket", str(run / "dqoes.sock"), "--interval", "2")
-        self.start_manager()
-
-    def start_manager(self, *options: str) -> None:
-        self._start("manager", self.swarm.manager, "dqoes_cg.cluster.managerd",
-                    "--engine-socket", str(self.swarm.manager.socket), "--socket",
-                    str(self.manager_socket), "--tick", "2", "--node-timeout",
-                    str(NODE_TIMEOUT_S), *options)
-
-    @staticmethod
-    def run_dir(node: Node) -> Path:
-        return node.run_dir / "dqoes"
-
-    def _start(self, name: str, node: Node, module: str, *args: str) -> None:
-        log = (node.run_dir / f"{name}.log").open("ab")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.processes[name] = node.spawn([sys.executable, "-m", module, *args],
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                          env=env, cwd=ROOT)
-        log.close()
-
-    def stop(self, name: str) -> None:
-        process = self.processes[name]
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)  # dqoesd gives its limits back
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-    def close(self) -> None:
-        for name in self.processes:
-            self.stop(name)
-        for node in self.swarm.nodes:
-            (node.etc_docker / "plugins" / f"{DRIVER}.spec").unlink(missing_ok=True)
-
-    def logs(self) -> str:
-        tails = []
-        for name in self.processes:
-            node = self.swarm.manager if name == "manager" else self.swarm.node(
-                name.split("-", 1)[1])
-            lines = (node.run_dir / f"{name}.log").read_text(errors="replace").splitlines()
-            tails.append(f"--- {name}\n" + "\n".join(lines[-15:]))
-        return "\n".join(tails)
-
-    def status(self) -> dict[str, Any] | None:
-        """`dqoesctl cluster status --json` (None while the manager does not answer)."""
-        result = subprocess.run(
-            [sys.executable, "-m", "dqoes_cg.ctl", "cluster", "status", "--json",
-             "--manager-socket", str(self.manager_socket)],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        return json.loads(result.stdout) if result.returncode == 0 else None
-
-    def table(self) -> str:
-        return subprocess.run(
-            [sys.executable, "-m", "dqoes_cg.ctl", "cluster", "status", "--manager-socket",
-             str(self.manager_socket)], capture_output=True, text=True, timeout=120,
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
-
-    def wait(self, what: str, check: Any) -> dict[str, Any]:
-        def ready() -> dict[str, Any] | None:
-            doc = self.status()
-            return doc if doc is not None and check(doc) else None
-
-        return wait_for(ready, CONVERGE_S, what,
-                        lambda: (self.table() if self.status() else "") + self.logs(),
-                        every=3.0)
 
 
 @pytest.fixture
-def daemons(swarm: Swarm) -> Iterator[Daemons]:
-    daemons = Daemons(swarm)
+def daemons(swarm: Swarm) -> Iterator[ClusterDaemons]:
+    daemons = ClusterDaemons(swarm)
     try:
         yield daemons
     finally:
@@ -149,7 +61,7 @@ def _targets_everywhere(target_s: float):  # type: ignore[no-untyped-def]
 
 
 def test_the_manager_shows_every_node_and_a_labelled_services_tasks_with_their_target(
-        swarm: Swarm, daemons: Daemons) -> None:
+        swarm: Swarm, daemons: ClusterDaemons) -> None:
     swarm.create_service(SERVICE, BUSYBOX_IMAGE, ["/busybox", "sleep", "1000000"],
                          replicas=3, options=["--label", "dqoes.target=2s",
                                               "--replicas-max-per-node", "1",
@@ -193,7 +105,7 @@ def test_the_manager_shows_every_node_and_a_labelled_services_tasks_with_their_t
 
 @pytest.mark.parametrize("fault", ["dockerd killed", "link cut"])
 def test_a_node_that_disappears_is_unreachable_and_its_task_not_counted(
-        swarm: Swarm, daemons: Daemons, fault: str) -> None:
+        swarm: Swarm, daemons: ClusterDaemons, fault: str) -> None:
     swarm.create_service(SERVICE, BUSYBOX_IMAGE, ["/busybox", "sleep", "1000000"],
                          replicas=3, options=["--label", "dqoes.target=2s",
                                               "--replicas-max-per-node", "1",
@@ -236,9 +148,8 @@ SETTLE_S = 30.0  # stuck this long before a move (the manager's --settle)
 def infer_image(swarm: Swarm, tmp_path: Path) -> str:
     """The static inference server as an image on every node; its command for requests of
     REQUEST_CPU_MS of CPU."""
-    infer = artifacts(tmp_path).infer
-    swarm.import_image(INFER_IMAGE, {"infer": infer})
-    return sh(infer, "--calibrate", str(REQUEST_CPU_MS)).strip()
+    units_per_ms = import_infer(swarm, artifacts(tmp_path).infer)
+    return str(round(units_per_ms * REQUEST_CPU_MS))
 
 
 def _crowd(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -249,15 +160,12 @@ def _crowd(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
-        swarm: Swarm, daemons: Daemons, infer_image: str) -> None:
+        swarm: Swarm, daemons: ClusterDaemons, infer_image: str) -> None:
     """Two single-threaded services on node1 (0.5 CPU), needing 0.25 and 0.35 CPU for their
     targets: dqoesd can satisfy the smaller there, not both; the manager with QoE-aware
     placement moves the other to node2 or node3 through Swarm, where it is satisfied too,
     never running fewer replicas than asked, and lifts its constraint once it settled."""
-    wait_for(lambda: all(DRIVER in _volume_drivers(swarm, n.name) for n in swarm.nodes),
-             CONVERGE_S, "every engine listing the dqoes volume driver to Swarm",
-             lambda: str({n.name: _volume_drivers(swarm, n.name) for n in swarm.nodes}),
-             every=3.0)
+    wait_volume_driver(swarm)
     others = [n.name for n in swarm.nodes if n.name != "node1"]
     for node in others:  # as an operator would, while both start
         swarm.docker("node", "update", "--availability", "pause", node)
@@ -310,7 +218,7 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
         print(f"moved, both in S {time.monotonic() - started:.0f} s after placement began: "
               f"{where}")
         assert not fewer, f"fewer running replicas than asked: {fewer}"
-        log = (swarm.manager.run_dir / "manager.log").read_text()
+        log = daemons.log("manager").read_text()
         moves = [line for line in log.splitlines() if "placement: service" in line
                  and " move to node " in line]
         assert len(moves) == 1, moves
@@ -319,13 +227,9 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
                  "the move's constraint lifted", lambda: str(_constraints(swarm, CROWD[1])),
                  every=3.0)
     finally:
-        for name in CROWD:
-            swarm.remove_service(name)
+        swarm.remove_service(*CROWD)
         daemons.stop("manager")  # first: it could pause a node again
-        for node in swarm.nodes:  # placement may have paused one to new tasks
-            if PAUSED_LABEL in _node_labels(swarm, node.name):
-                swarm.docker("node", "update", "--availability", "active", "--label-rm",
-                             PAUSED_LABEL, node.name)
+        reopen_nodes(swarm)  # placement may have paused one to new tasks
 
 
 def _constraints(swarm: Swarm, service: str) -> list[str]:
@@ -334,14 +238,14 @@ def _constraints(swarm: Swarm, service: str) -> list[str]:
     return spec["TaskTemplate"].get("Placement", {}).get("Constraints") or []
 
 
-def _node_labels(swarm: Swarm, node: str) -> dict[str, str]:
-    return json.loads(swarm.docker("node", "inspect", "--format", "{{json .Spec.Labels}}",
-                                   node)) or {}
-
-
-def _volume_drivers(swarm: Swarm, node: str) -> set[str]:
-    """The volume drivers a node's engine lists to Swarm (which places a task with a volume
-    only on a node that lists its driver)."""
-    plugins = json.loads(swarm.docker("node", "inspect", "--format",
-                                      "{{json .Description.Engine.Plugins}}", node)) or []
-    return {p["Name"] for p in plugins if p["Type"] == "Volume"}
+def test_the_cluster_experiment_runs_on_the_testbed(swarm: Swarm, tmp_path: Path) -> None:
+    """bench/cluster/testbed.py's smoke test: its placement way, quick. Every service runs
+    somewhere, measured on its node by an observer of its own (latency and work per
+    request), in windows that assemble into a run."""
+    sc = scaled_scenario(quick=True)
+    (run,) = run_testbed(swarm, sc, artifacts(tmp_path).infer, ["placement"])
+    print(f"testbed, placement, quick: |S| over time {run.satisfied().tolist()}, "
+          f"moves {run.moves}")
+    assert (run.node[-1] >= 0).all(), run.node[-1]
+    assert np.isfinite(run.latency_s[-4:]).any(axis=0).all(), run.latency_s[-4:]
+    assert all(run.notes["work_s"]), "a work per request measured for every service"

@@ -3,7 +3,8 @@ latency, and the moves placement made; what it achieved."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ class Moved:
 class ClusterRun:
     way: str  # default, per-node, placement
     policy: str | None  # the per-node policy (None: the default platform)
-    source: str  # what made it: "sim"
+    source: str  # what made it: "sim", "testbed"
     cpus: list[float]  # the nodes' budgets
     containers: list[Container]
     t: np.ndarray  # (T,) window ends, s since the first arrival
@@ -42,6 +43,27 @@ class ClusterRun:
     @property
     def targets(self) -> np.ndarray:
         return np.array([c.target_s for c in self.containers])
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as JSON values (NaN latencies as null, an infinite departure as null)."""
+        return {"way": self.way, "policy": self.policy, "source": self.source,
+                "cpus": self.cpus,
+                "containers": [{**asdict(c), "departure_s": None if math.isinf(c.departure_s)
+                                else c.departure_s} for c in self.containers],
+                "t": self.t.tolist(),
+                "latency_s": [[None if math.isnan(x) else x for x in row]
+                              for row in self.latency_s.tolist()],
+                "node": self.node.tolist(), "paused": self.paused.tolist(),
+                "moves": [asdict(m) for m in self.moves], "notes": self.notes}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ClusterRun:
+        return cls(doc["way"], doc["policy"], doc["source"], doc["cpus"],
+                   [Container.from_dict(c) for c in doc["containers"]], np.array(doc["t"]),
+                   np.array(doc["latency_s"], dtype=float).reshape(len(doc["t"]), -1),
+                   np.array(doc["node"], dtype=int).reshape(len(doc["t"]), -1),
+                   np.array(doc["paused"], dtype=bool).reshape(len(doc["t"]), -1),
+                   [Moved(**m) for m in doc["moves"]], doc["notes"])
 
     def satisfied(self, alpha: float = 0.10) -> np.ndarray:
         """(T,) how many containers are in S in each window."""

@@ -23,7 +23,7 @@ from dqoes_cg.status import ContainerStatus, Status
 from lab.images import DOCKER, import_image
 from lab.shell import sh
 
-from .systemd_guest import ARTIFACTS_ENV, GUEST_DIR, REPO
+from .systemd_guest import ARTIFACTS_ENV, REPO, build_infer
 
 IMAGE = "dqoes-infer:e2e"
 BUSYBOX = "/bin/busybox"  # static (busybox-static): a shell in the image, for the tests
@@ -47,9 +47,8 @@ def artifacts(workdir: Path) -> Artifacts:
     built = os.environ.get(ARTIFACTS_ENV)
     if built:
         return Artifacts(next(Path(built).glob("dqoes_cg-*.whl"), None), Path(built, "infer"))
-    infer = workdir / "infer"
-    sh("gcc", "-O2", "-static", f"-I{REPO / 'csrc'}", "-o", infer, GUEST_DIR / "infer.c")
-    return Artifacts(None, infer)
+    build_infer(workdir)
+    return Artifacts(None, workdir / "infer")
 
 
 class Service:
