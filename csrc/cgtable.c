@@ -402,8 +402,7 @@ static int parse_pressure_some(const char *buf, size_t len, uint64_t *total)
     return 0;
 }
 
-size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec,
-                           int32_t *status)
+size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec, int32_t *status)
 {
     char buf[PSI_BUF];
     size_t ok = 0;
