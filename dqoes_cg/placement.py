@@ -7,10 +7,11 @@ What a node can give
 A worker serving requests back to back at c CPUs takes p = w / c, so its usage times its
 latency, w = r·p, is its work per request at any share, and w / o is the share (CPUs) at
 which it meets its target o: its *need*. Needs are smoothed per task (an exponential
-average of log w/o). On a node of budget B with n tasks, every task keeps at least the floor
-f = B/(2n), as the per-node policies do; a task can be in S there when its band reaches the
-floor (need/(1 - alpha) >= f, else it stays faster than its target) and what it can use
-(need/(1 + alpha) <= its most CPUs), and it then costs max(need, f) - f beyond its floor.
+average of log w/o). On a node of budget B with n tasks, every task not in S keeps at least
+the floor f = B/(2n), as the per-node policies do, and one in S is held at its need, under
+the floor if its need is there; a task can be in S when its band reaches what it can use
+(need/(1 + alpha) <= its most CPUs), and it then costs need - f beyond its floor (negative
+under the floor: it frees CPU for the others).
 The node *admits* the cheapest of those while their costs fit in B - n·f = B/2: the most of
 its tasks that could be in S at once, whatever the per-node policy (the per-node oracle of
 bench/experiments, on measured needs). A task whose need is not known yet (no window
@@ -18,10 +19,8 @@ measured) counts at the cluster's expected need: the median of the known ones.
 
 Moves
 -----
-A task is *stuck* when its daemon classes it out of S and its node does not admit it: in B,
-the node has nothing left to give it without taking from others; in G, its need is under
-the node's floor (a loose target among few tasks), so it stays faster than its target. A
-task stuck for `settle_s` moves (its service's tasks on that node, through Swarm) to the
+A task is *stuck* when its daemon classes it out of S and its node does not admit it: the
+node has nothing left to give it without taking from others. A task stuck for `settle_s` moves (its service's tasks on that node, through Swarm) to the
 node where it gains the most: one that has room for it without displacing any task it
 admits now, keeps `margin` of the mover's need to spare, and has the most room left. The
 move must raise the number admitted on the two nodes together. Cheapest needs move first
@@ -178,11 +177,11 @@ def admitted(budget: float, loads: list[Load], alpha: float) -> set[str]:
     costs = []
     for load in loads:
         most = min(load.most, budget)
-        if load.need / (1.0 - alpha) >= floor and load.need / (1.0 + alpha) <= most:
-            costs.append((max(min(load.need, most), floor) - floor, load.key))
+        if load.need / (1.0 + alpha) <= most:
+            costs.append((min(load.need, most) - floor, load.key))
     left = budget / 2.0
     chosen = set()
-    for cost, key in sorted(costs):
+    for cost, key in sorted(costs):  # the negative costs first: they only free CPU
         if cost > left + 1e-12:
             break
         left -= cost
@@ -196,21 +195,19 @@ def room(budget: float, loads: list[Load], alpha: float) -> float:
         return budget / 2.0
     floor = budget / (2 * len(loads))
     keep = admitted(budget, loads, alpha)
-    return budget / 2.0 - sum(max(min(load.need, min(load.most, budget)), floor) - floor
+    return budget / 2.0 - sum(min(load.need, load.most, budget) - floor
                               for load in loads if load.key in keep)
 
 
 def takes(budget: float, loads: list[Load], newcomer: Load, alpha: float,
           margin: float = 0.0) -> bool:
     """Whether the node has room for `newcomer` beside `loads` without displacing any load
-    it admits now, with `margin` x its need left over: it admits it, or its need is under
-    the floor (it costs nothing: it is faster than its target there)."""
+    it admits now, with `margin` x its need left over."""
     before = admitted(budget, loads, alpha)
     after_loads = [*loads, newcomer]
     after = admitted(budget, after_loads, alpha)
-    floor = budget / (2 * len(after_loads))
-    return (newcomer.key in after or newcomer.need / (1.0 - alpha) < floor) and \
-        before <= after and room(budget, after_loads, alpha) >= margin * newcomer.need - 1e-12
+    return newcomer.key in after and before <= after and \
+        room(budget, after_loads, alpha) >= margin * newcomer.need - 1e-12
 
 
 # --- the decision ---------------------------------------------------------------------------

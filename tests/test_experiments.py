@@ -73,8 +73,12 @@ def test_oracle_counts_the_floor_and_the_budget() -> None:
 
     assert oracle(node(4.0, 4.0, 4.0, 4.0), curves) == 4  # 0.25 CPU each fits
     assert oracle(node(0.5, 1.5), curves) == 1  # below the solo latency: never
-    assert oracle(node(20.0, 4.0, 4.0, 4.0), curves) == 3  # 0.05 CPU < the floor 0.25
+    # 0.05 CPU < the floor 0.25: held at its need (in S), the others have room to spare
+    assert oracle(node(20.0, 4.0, 4.0, 4.0), curves) == 4
     assert oracle(node(1.3, 1.3, 1.3, 1.3), curves) == 2  # 0.7 CPU each: two fit
+    # the need 0.05 in S too: two at 0.7, one at 0.05 and one at the floor 0.25 (1.7 CPU);
+    # a third at 0.7 would make it 2.15
+    assert oracle(node(1.3, 1.3, 1.3, 20.0), curves) == 3
 
 
 def test_oracle_counts_threads_and_judges_the_state_at_a_time() -> None:
@@ -85,15 +89,15 @@ def test_oracle_counts_threads_and_judges_the_state_at_a_time() -> None:
     assert oracle(Node(4.0, (one, one)), curves) == 0
     assert oracle(Node(4.0, (two, two)), curves) == 2
     # Four targets needing 0.6 CPU; two loosened at 100 s to need 0.25; one container
-    # leaving at 200 s. On 2 CPUs with floors of 1/(2n): three fit; then all four (the loose
-    # ones at the floor, 0.25); then the floor (1/3) makes the loose ones too fast: one.
+    # leaving at 200 s. On 2 CPUs with floors of 1/(2n): three fit; then all four; then,
+    # the floor 1/3 over their needs, the loose ones are held at their needs: all three.
     tight = SOLO / 0.6
     cs = (Container("c1", "tiny", tight, retargets=((100.0, SOLO / 0.25),)),
           Container("c2", "tiny", tight, retargets=((100.0, SOLO / 0.25),)),
           Container("c3", "tiny", tight, departure_s=200.0),
           Container("c4", "tiny", tight))
     node = Node(2.0, cs)
-    assert [oracle(node, curves, at=t) for t in (50.0, 150.0, 250.0)] == [3, 4, 1]
+    assert [oracle(node, curves, at=t) for t in (50.0, 150.0, 250.0)] == [3, 4, 3]
     assert phases([node], 300.0) == [(0.0, 100.0), (100.0, 200.0), (200.0, 300.0)]
 
 

@@ -124,14 +124,27 @@ def test_identical_unachievable_targets_reach_the_oracle():
     assert fluid.rounds(policy(10), 6)[1:] == [5] * 5
 
 
-def test_loose_targets_stay_at_the_floor():
-    # Needs 0.02 and 0.04 < the floor 0.25 at the target: at the floor they are faster than
-    # the band (G) and cost nothing; the third gets the rest it needs.
+def test_a_loose_target_is_held_at_its_need_under_the_floor():
+    # c0 needs 0.02 < the floor 0.25 at its target: at the floor it would be faster than
+    # the band (G). It is admitted at its need instead (in S), which frees 0.23 of its floor;
+    # c1 gets what it needs, and both are moved to the middle of the band.
     pol = policy(2)
     d = pol.decide(obs([1.0, 1.0], [0.02 / 0.5, 0.6 / 0.5], [0.5, 0.5], [NAN, NAN]), 0.0)
     assert d is not None
-    assert d.limits[0] == 0.25
+    assert d.totals["admitted"] == 2
+    assert d.limits[0] == pytest.approx(0.02 * COMFY)
     assert d.limits[1] == pytest.approx(0.6 * COMFY)
+
+
+def test_needs_under_the_floor_free_room_for_one_more():
+    # Four containers, floor 0.125: c0 and c1 need 0.05 each, c2 and c3 0.4 each. With the
+    # floor for all, c2 and c3 would cost 2 (0.4 LEAN - 0.125) = 0.48 of the 0.5 beyond the
+    # floors, c0 and c1 in G at the floor: 2 in S. Held at their needs, c0 and c1 give back
+    # 0.15, and all four are in S.
+    fluid = Fluid(work=[0.05, 0.05, 0.4, 0.4], target=[1.0] * 4)
+    assert fluid.rounds(policy(4), 4)[1:] == [4] * 3
+    assert fluid.limit[:2] == pytest.approx([0.05 * COMFY] * 2)
+    assert fluid.limit.sum() <= 1.0 + 1e-9
 
 
 # --- the usable maximum -------------------------------------------------------------------
@@ -182,11 +195,11 @@ def test_usage_under_the_cap_is_not_a_maximum_when_the_container_waited_for_a_cp
 
 def test_pressure_is_asked_for_where_the_next_window_may_find_a_container_under_its_cap():
     # c0 used all of its cap 0.2 and is raised to its need: whether it can use the raise
-    # is the next window's question, and its pressure part of the answer. c1 is raised to
-    # the floor. c2 (unlimited) is capped under what it used: at its cap in the next window,
+    # is the next window's question, and its pressure part of the answer. c1 too (its need
+    # 0.15). c2 (unlimited) is capped under what it used: at its cap in the next window,
     # where its pressure tells nothing. c3 is a training job: no target, no pressure.
     pol = policy(4)
-    d = pol.decide(obs([1.0, 1.0, 1.0, NAN], [0.4 / 0.2, 0.05 / 0.1, 0.3 / 0.3, NAN],
+    d = pol.decide(obs([1.0, 1.0, 1.0, NAN], [0.4 / 0.2, 0.15 / 0.1, 0.3 / 0.3, NAN],
                        [0.2, 0.1, 0.3, 0.2], [0.2, 0.1, NAN, 0.2]), 0.0)
     assert d is not None and d.pressure is not None
     assert d.limits[0] > 0.2 / WANT_PRESSURE and d.limits[1] > 0.1 / WANT_PRESSURE
@@ -243,16 +256,18 @@ def test_caps_fit_the_budget_floors_hold_and_admission_is_cheapest_first(node):
     floor = 0.5 / n
     held = np.where(known, 0.0, np.fmax(np.where(np.isnan(limit), usage, limit), floor)).sum()
     assert d.limits[known].sum() <= max(1.0 - held, known.sum() * floor) + 1e-9
-    assert (d.limits[known] >= floor - 1e-12).all()
-    assert np.array_equal(d.limits[~known], limit[~known], equal_nan=True)
-    # The count admitted is the most whose lean shares fit (costs recomputed here).
     w = usage * measured
     lean = w / target * LEAN
-    most = w / target * math.exp(-MARGIN_MIN) / (1 - ALPHA)
-    ok = known & (lean <= 1.0) & (most >= floor)
-    costs = np.sort(np.maximum(lean[ok], floor) - floor)
+    # Each keeps the floor, or its need if that is less (then it is admitted, in S).
+    assert (d.limits[known] >= np.minimum(lean[known], floor) - 1e-12).all()
+    assert np.array_equal(d.limits[~known], limit[~known], equal_nan=True)
+    # The count admitted is the most whose lean shares fit (costs recomputed here), the
+    # needs under the floor first: their costs are negative.
+    ok = known & (lean <= 1.0)
+    costs = np.sort(lean[ok] - floor)
     budget = 1.0 - known.sum() * floor - held
-    best = int(np.searchsorted(np.cumsum(costs), budget + 1e-12, side="right"))
+    best = int(np.searchsorted(np.maximum.accumulate(np.cumsum(costs)), budget + 1e-12,
+                               side="right"))
     assert d.totals["admitted"] == best
 
 

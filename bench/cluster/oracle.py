@@ -5,10 +5,12 @@ The model (the per-node oracle of bench/experiments/analysis.py, with placement 
 - container i is in S at a CPU share c when its latency there is within alpha of its target:
   the shares [lo_i, hi_i] (its model's curve); it can use at most d_i CPUs (its threads);
 - every container is on exactly one node; on node k (B_k CPUs) with n_k containers, each
-  keeps at least the floor f_k = B_k / (2 n_k), as the per-node policies' limits do;
-- i can be in S on k when hi_i >= f_k and lo_i <= min(d_i, B_k), and then costs
-  max(lo_i, f_k) - f_k beyond its floor; the costs of a node's S containers fit in
-  B_k - n_k f_k = B_k / 2. The others stay at their floor (in G or B).
+  not in S keeps at least the floor f_k = B_k / (2 n_k), as the per-node policies' limits
+  do (in G or B); one in S is held at lo_i, under the floor if its band is (as admit holds
+  an admitted container at its need);
+- i can be in S on k when lo_i <= min(d_i, B_k), and then costs lo_i - f_k beyond its
+  floor (negative when its need is under the floor: it frees CPU); the costs of a node's S
+  containers fit in B_k - n_k f_k = B_k / 2.
 The floors of a node add up to B_k / 2 whatever n_k, so what placement changes is who shares
 a node (a container's cost depends on the floor, hence on how many share its node) and which
 node's room serves whom. For each split (n_1, ..., n_K) of the containers over the nodes,
@@ -64,8 +66,8 @@ def _costs(bands: Sequence[Band | None], budget: float, n: int) -> np.ndarray:
     if n == 0:
         return np.full(len(bands), np.inf)
     floor = budget / (2 * n)
-    return np.array([max(b.lo, floor) - floor if b is not None and b.hi >= floor
-                     and b.lo <= budget else np.inf for b in bands])
+    return np.array([b.lo - floor if b is not None and b.lo <= budget else np.inf
+                     for b in bands])
 
 
 def _greedy(costs: np.ndarray, room: float, n: int) -> int:

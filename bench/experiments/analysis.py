@@ -30,10 +30,12 @@ def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
     """The most containers of `node` that can be in S at once, at time `at` (default: once
     every event has passed), whatever the algorithm: each one in S needs a share whose
     latency (its model's, times its load factor then) is within alpha of its target then,
-    at most what it can use (its threads); every other one keeps at least the floor 1/(2n)
-    of the budget (as the policies' limits do), n counting the containers present; and all
-    of it fits in the node's CPUs. Cheapest extra share over the floor first (optimal: each
-    container counts one)."""
+    at most what it can use (its threads), and is held at the least such share lo_i, under
+    the floor if its band is (as admit holds its admitted containers at their need); every
+    other one keeps at least the floor 1/(2n) of the budget (as the policies' limits do), n
+    counting the containers present; and all of it fits in the node's CPUs. Cheapest extra
+    share over the floor first, lo_i - floor, negative for a need under the floor (optimal:
+    each container counts one)."""
     t = settled_time(node) if at is None else at
     present = [c for c in node.containers if c.present(t)]
     n = len(present)
@@ -46,9 +48,9 @@ def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
         cores = _GRID * most
         latency = curves[c.model].latency(cores) * c.load_at(t)
         target = float(c.target_at(np.array([t]))[0])
-        ok = (np.abs(target - latency) <= alpha * target) & (cores >= min(floor, most))
+        ok = np.abs(target - latency) <= alpha * target
         if ok.any():
-            extras.append(max(cores[ok].min() - floor, 0.0))
+            extras.append(float(cores[ok].min()) - floor)
     used = floor * n
     count = 0
     for extra in sorted(extras):

@@ -62,20 +62,24 @@ waited in the very next window.
 
 Admission: the most containers in S
 -----------------------------------
-Every container keeps at least the floor f = T_R / (2n), as under DQoES: none is starved,
-and the evaluation's oracle counts the same floor. Container i can be in S when its band
-meets the shares it can have, lean_i <= m_i and most_i >= min(f, m_i); its cost is what it
-needs beyond its floor, c_i = max(lean_i, f) - f. With the budget E = T_R - n_known f -
-(what the idle slots hold), the admitted set A is the longest run of the cheapest whose
-costs fit, Σ_A c_i <= E: when each container counts one, cheapest first is optimal. In the
-order (not the sum), a container admitted last round counts its cost INCUMBENT (10%) lower,
+Every container not in S keeps at least the floor f = T_R / (2n), as under DQoES: none is
+starved. A container in S is held at its need instead, under the floor if that is where its
+band is: it is not starved there (it meets its target) and what it gives back of its floor
+goes to the others. The evaluation's oracles count the same: each S container at the lower
+edge of its band, every other at the floor. Container i can be in S when its band meets the
+shares it can have, lean_i <= m_i; its cost is what it needs beyond its floor, c_i = lean_i
+- f, negative when its need is under the floor (it frees budget). With the budget E = T_R -
+n_known f - (what the idle slots hold), the admitted set A is the longest run of the
+cheapest whose costs fit, Σ_A c_i <= E (the negative costs first, all of them: they only
+free budget): when each container counts one, cheapest first is optimal. In the order (not
+the sum), a container admitted last round counts its cost INCUMBENT (10% of its size) lower,
 so that a newcomer displaces it only by being clearly cheaper and noise does not swap
 containers in and out of S.
 
 Allocation: caps are guarantees
 -------------------------------
-    i in A:          L_i = b_i + theta (t_i - b_i)      b_i = max(lean_i, f)
-                                                        t_i = max(min(comfy_i, m_i), b_i)
+    i in A:          L_i = b_i + theta (t_i - b_i)      b_i = lean_i
+                                                        t_i = min(comfy_i, m_i)
                                                         theta = min(1, R / Σ_A (t_i - b_i))
     i known, not A:  L_i = f + min(h_i, lambda)         h_i = min(max(comfy_i, f),
                                                                   m_i (1 + PROBE), T_R) - f
@@ -87,9 +91,9 @@ the middle of the band (robustness), then goes to the containers that cannot be 
 each up to its middle share or what it can use: a max-min fair split, as CFS would share it,
 so a hopeless container gets as close to its target as the spare CPU allows but never takes
 what an admissible one needs, and no cap is larger than its container can use (plus the
-probe: if it could use more after all, more threads, it does, and m_i follows). Containers
-whose target is looser than the floor allows (most_i < f) stay at the floor, faster than
-their target (G). What nobody can use stays unallocated.
+probe: if it could use more after all, more threads, it does, and m_i follows). A container
+whose need is under the floor (lean_i < f) and that can be in S is always admitted (its cost
+is negative), at a cap under the floor. What nobody can use stays unallocated.
 
 Σ L_i <= T_R, the idle slots' limits counted: caps that do not overlap are guarantees, each
 container gets its cap whatever the others do. That ends the competition of capped B
@@ -346,14 +350,13 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.multiply(s.most, 1.0 / (1.0 - alpha), out=s.most)
     np.multiply(s.comfy, 1.0 / math.sqrt(1.0 - alpha * alpha), out=s.comfy)
     np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
-    np.maximum(s.lean, floor, out=s.base)
+    # An admitted container is held at its need, under the floor if that is where its band
+    # is: base = lean, and its cost beyond the floor, lean - f, is negative there (it frees
+    # budget). admissible: lean ≤ m.
+    np.copyto(s.base, s.lean)
     np.subtract(s.base, floor, out=s.cost)
-    # admissible: lean ≤ m and most ≥ min(f, m)
     adm = s.admissible
     np.less_equal(s.lean, s.usable, out=adm)
-    np.minimum(s.usable, floor, out=s.x)
-    np.greater_equal(s.most, s.x, out=s.mask)
-    np.logical_and(adm, s.mask, out=adm)
     np.logical_and(adm, known, out=adm)
 
 
@@ -364,7 +367,9 @@ def admit_into(budget: float, mem: Memory, s: Scratch) -> float:
     n = adm.shape[0]
     order = s.x
     np.copyto(order, s.cost)
-    np.multiply(order, 1.0 - INCUMBENT, out=order, where=mem.admitted)
+    np.abs(order, out=s.y)  # an incumbent's cost counts INCUMBENT lower, whatever its sign
+    np.multiply(s.y, INCUMBENT, out=s.y)
+    np.subtract(order, s.y, out=order, where=mem.admitted)
     np.add(order, s.tie, out=order)
     keys.real.fill(math.inf)
     keys.imag.fill(0.0)
@@ -372,6 +377,9 @@ def admit_into(budget: float, mem: Memory, s: Scratch) -> float:
     np.copyto(keys.imag, s.cost, where=adm)
     keys.sort()  # by key, then cost: the admission order, with each one's cost
     np.cumsum(keys.imag, out=s.cums)
+    # The negative costs (needs under the floor) come first: the running sum falls, then
+    # rises; its running maximum is what the longest run that fits is searched in.
+    np.maximum.accumulate(s.cums, out=s.cums)
     k = int(np.searchsorted(s.cums, budget * (1.0 + 1e-12) + 1e-15, side="right")) if n else 0
     k = min(k, int(np.count_nonzero(adm)))
     admitted = s.admitted
@@ -380,7 +388,7 @@ def admit_into(budget: float, mem: Memory, s: Scratch) -> float:
         return budget
     np.less_equal(order, keys.real[k - 1], out=admitted)
     np.logical_and(admitted, adm, out=admitted)
-    return budget - float(s.cums[k - 1])
+    return budget - masked_sum(s.cost, admitted, s.y)
 
 
 def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) -> None:
