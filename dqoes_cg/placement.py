@@ -20,11 +20,11 @@ measured) counts at the cluster's expected need: the median of the known ones.
 Moves
 -----
 A task is *stuck* when its daemon classes it out of S and its node does not admit it: the
-node has nothing left to give it without taking from others. A task stuck for `settle_s` moves (its service's tasks on that node, through Swarm) to the
-node where it gains the most: one that has room for it without displacing any task it
-admits now, keeps `margin` of the mover's need to spare, and has the most room left. The
-move must raise the number admitted on the two nodes together. Cheapest needs move first
-(each counts one).
+node has nothing left to give it without taking from others. A task stuck for `settle_s`
+moves (its service's tasks on that node, through Swarm) to the node where it gains the
+most: one that has room for it without displacing any task it admits now, keeps `margin` of
+the mover's need to spare, and has the most room left. The move must raise the number
+admitted on the two nodes together. Cheapest needs move first (each counts one).
 Limits: `max_moves_per_minute` over the cluster; a moved service stays put for `hold_s`; one
 move in flight per node (as source or destination) and per service; only replicated
 services whose running tasks are all there and that Swarm is not updating; never a task of
