@@ -96,6 +96,7 @@ class Fleet:
         self._read = np.zeros(n, bool)
         self._unknown = np.zeros(n, bool)
         self._skipped = np.zeros(n, bool)
+        self._everyone = np.ones(n, bool)
         self.obs = Observation(target=self.target_s, measured=self.measured, usage=self.usage,
                                limit=limit, waited=self.waited, training=self.training,
                                classes=self.classes,
@@ -199,8 +200,7 @@ class Fleet:
         None): those among them not read at this window's end are read now."""
         t, extra = self.table, self._skipped
         if wanted is None:
-            self._read.fill(True)
-            wanted = self._read
+            wanted = self._everyone
         np.equal(self.pressure_at_window, Status.SKIPPED, out=extra)
         np.logical_and(extra, wanted, out=extra)
         np.copyto(self.pressure_wanted, wanted)

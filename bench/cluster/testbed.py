@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,10 @@ from .oracle import cluster_oracle
 from .run import ClusterRun, Moved
 from .scenarios import ClusterScenario
 from .sim import WAYS
+
+if TYPE_CHECKING:
+    from lab.swarm import Node, Swarm
+    from lab.swarm_cluster import ClusterDaemons
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS = Path(__file__).resolve().parent / "results" / "testbed"
@@ -97,7 +101,7 @@ def scaled_scenario(quick: bool = False, seed: int = 4) -> ClusterScenario:
 class NodeObserver:
     """node_observer.py as a process of `node`; its lines, collected as they come."""
 
-    def __init__(self, node: Any, volumes: Path) -> None:
+    def __init__(self, node: Node, volumes: Path) -> None:
         self.lines: list[dict[str, Any]] = []
         self.process = node.spawn(
             [sys.executable, "-m", "bench.cluster.node_observer", "--engine-socket",
@@ -119,7 +123,7 @@ class NodeObserver:
         return self.lines
 
 
-def run_testbed(swarm: Any, sc: ClusterScenario, infer: Path, ways: list[str],
+def run_testbed(swarm: Swarm, sc: ClusterScenario, infer: Path, ways: list[str],
                 raw: Path | None = None) -> list[ClusterRun]:
     """Every way on the Swarm, one after the other, under daemons of their own; the runs
     into `raw` after each."""
@@ -142,7 +146,7 @@ def run_testbed(swarm: Any, sc: ClusterScenario, infer: Path, ways: list[str],
     return runs
 
 
-def run_way(swarm: Any, daemons: Any, sc: ClusterScenario, way: str,
+def run_way(swarm: Swarm, daemons: ClusterDaemons, sc: ClusterScenario, way: str,
             units_per_ms: float) -> ClusterRun:
     """The services arriving on the Swarm, targets set unless `way` is Swarm's default,
     the manager placing them in the placement way; measured on every node."""
