@@ -105,6 +105,21 @@ def explain(service: Service) -> str:
             f"--- journal ---\n{service.journal()[-4000:]}")
 
 
+def docker_says(*argv: str) -> str:
+    """What the Docker CLI prints, failing or not."""
+    done = subprocess.run([DOCKER, *argv], capture_output=True, text=True, timeout=120,
+                          check=False)
+    return done.stdout + done.stderr
+
+
+def unbound(names: list[str]) -> str:
+    """What Docker says of those of `names` that the daemon does not have bound."""
+    have = listed()
+    missing = [n for n in names if not (have.get(n) and have[n].state == "bound")]
+    return "".join(f"\n--- docker: {n} ---\n{docker_says('inspect', '-f', '{{json .State}}', n)}"
+                   f"{docker_says('logs', '--tail', '20', n)}" for n in missing)
+
+
 def measured_and_limited(service: Service, name: str) -> ContainerStatus | None:
     row = rows(service).get(name)
     if row is None or row.samples == 0 or row.cpu_limit_cores is None:
@@ -259,13 +274,19 @@ def test_a_restart_loop_and_a_burst_leak_nothing(service: Service, docker: Docke
     wait_for(lambda: int(docker.inspect("loop", "{{.RestartCount}}")) >= 4, 240,
              "four restarts of the loop")
     burst = [f"burst-{i}" for i in range(20)]
-    procs = [subprocess.Popen([DOCKER, "run", "-d", "--name", n, "--network", "none",
-                               "--label", LOOSE, "--mount", VOLUME, IMAGE, "/infer",
-                               str(units)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for n in burst]
-    assert all(p.wait(timeout=600) == 0 for p in procs)
-    wait_for(lambda: all(listed().get(n) and listed()[n].state == "bound" for n in burst),
-             300, "every container of the burst bound", lambda: explain(service))
+    try:
+        procs = [subprocess.Popen([DOCKER, "run", "-d", "--name", n, "--network", "none",
+                                   "--label", LOOSE, "--mount", VOLUME, IMAGE, "/infer",
+                                   str(units)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE) for n in burst]
+        assert all(p.wait(timeout=600) == 0 for p in procs)
+        wait_for(lambda: all(listed().get(n) and listed()[n].state == "bound" for n in burst),
+                 300, "every container of the burst bound",
+                 lambda: explain(service) + unbound(burst))
+    except BaseException:  # leave no 21 containers to the tests after this one
+        subprocess.run([DOCKER, "rm", "-f", "-v", "loop", *burst], capture_output=True,
+                       timeout=300, check=False)
+        raise
     docker.remove("loop", *burst)
     wait_gone(service, "loop", *burst)
     wait_for(lambda: mounted_volumes() == [], 120, "every volume unmounted")
