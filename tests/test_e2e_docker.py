@@ -112,12 +112,16 @@ def docker_says(*argv: str) -> str:
     return done.stdout + done.stderr
 
 
-def unbound(names: list[str]) -> str:
-    """What Docker says of those of `names` that the daemon does not have bound."""
+def unbound(service: Service, names: list[str]) -> str:
+    """What Docker says of those of `names` that the daemon does not have bound, and the
+    daemon's warnings and errors over the whole run."""
     have = listed()
     missing = [n for n in names if not (have.get(n) and have[n].state == "bound")]
+    warnings = sh("journalctl", "--no-pager", "-o", "cat", "-p", "warning", "-u",
+                  service.name)
     return "".join(f"\n--- docker: {n} ---\n{docker_says('inspect', '-f', '{{json .State}}', n)}"
-                   f"{docker_says('logs', '--tail', '20', n)}" for n in missing)
+                   f"{docker_says('logs', '--tail', '20', n)}" for n in missing) + \
+        f"\n--- the daemon's warnings and errors ---\n{warnings[-4000:]}"
 
 
 def measured_and_limited(service: Service, name: str) -> ContainerStatus | None:
@@ -282,7 +286,7 @@ def test_a_restart_loop_and_a_burst_leak_nothing(service: Service, docker: Docke
         assert all(p.wait(timeout=600) == 0 for p in procs)
         wait_for(lambda: all(listed().get(n) and listed()[n].state == "bound" for n in burst),
                  300, "every container of the burst bound",
-                 lambda: explain(service) + unbound(burst))
+                 lambda: explain(service) + unbound(service, burst))
     except BaseException:  # leave no 21 containers to the tests after this one
         subprocess.run([DOCKER, "rm", "-f", "-v", "loop", *burst], capture_output=True,
                        timeout=300, check=False)
