@@ -322,7 +322,9 @@ def test_only_training_jobs_is_flowcon_alone() -> None:
 
 
 def test_only_the_admit_policy_asks_for_pressure_and_only_its_services() -> None:
-    obs = mixed_obs([0.3, 0.6], "GB", service_usage=[0.1, 0.1])  # both well under their caps
+    # Both slow (B) and well under their caps. (A fast one would be admitted at its need,
+    # under its use: at its cap, its pressure tells nothing, so it is not asked for.)
+    obs = mixed_obs([0.3, 0.6], "BB", service_usage=[0.1, 0.1])
     for name, services in (("dqoes", [False, False]), ("admit", [True, True])):
         pol = make_policy(name)
         pol.resize(4)
