@@ -78,9 +78,8 @@ containers in and out of S.
 
 Allocation: caps are guarantees
 -------------------------------
-    i in A:          L_i = b_i + theta (t_i - b_i)      b_i = lean_i
-                                                        t_i = min(comfy_i, m_i)
-                                                        theta = min(1, R / Σ_A (t_i - b_i))
+    i in A:          L_i = lean_i + theta (t_i - lean_i)   t_i = min(comfy_i, m_i)
+                                                        theta = min(1, R / Σ_A (t_i - lean_i))
     i known, not A:  L_i = f + min(h_i, lambda)         h_i = min(max(comfy_i, f),
                                                                   m_i (1 + PROBE), T_R) - f
                      lambda: Σ min(h_i, lambda) = what A left of R (max h_i if all fits)
@@ -214,7 +213,6 @@ class Scratch:
     comfy: FloatArray
     most: FloatArray
     usable: FloatArray  # m_i, T_R where unknown
-    base: FloatArray
     cost: FloatArray
     top: FloatArray
     head: FloatArray
@@ -350,11 +348,10 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.multiply(s.most, 1.0 / (1.0 - alpha), out=s.most)
     np.multiply(s.comfy, 1.0 / math.sqrt(1.0 - alpha * alpha), out=s.comfy)
     np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
-    # An admitted container is held at its need, under the floor if that is where its band
-    # is: base = lean, and its cost beyond the floor, lean - f, is negative there (it frees
-    # budget). admissible: lean ≤ m.
-    np.copyto(s.base, s.lean)
-    np.subtract(s.base, floor, out=s.cost)
+    # An admitted container is held at its need (lean), under the floor if that is where its
+    # band is: its cost beyond the floor, lean - f, is negative there (it frees budget).
+    # admissible: lean ≤ m.
+    np.subtract(s.lean, floor, out=s.cost)
     adm = s.admissible
     np.less_equal(s.lean, s.usable, out=adm)
     np.logical_and(adm, known, out=adm)
@@ -395,15 +392,15 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     """Limits of the known slots (others untouched in limit_out): the admitted from their
     lean share towards the middle of the band, the rest by water level over the floor."""
     adm, other = s.admitted, s.other
-    # Admitted: base + θ (top - base).
+    # Admitted: lean + θ (top - lean).
     np.minimum(s.comfy, s.usable, out=s.top)
-    np.maximum(s.top, s.base, out=s.top)
-    np.subtract(s.top, s.base, out=s.head)
+    np.maximum(s.top, s.lean, out=s.top)
+    np.subtract(s.top, s.lean, out=s.head)
     room = masked_sum(s.head, adm, s.x)
     theta = min(1.0, left / room) if room > 0.0 else 0.0
     left -= theta * room
     np.multiply(s.head, theta, out=s.x)
-    np.add(s.x, s.base, out=s.x)
+    np.add(s.x, s.lean, out=s.x)
     np.copyto(limit_out, s.x, where=adm)
     # The others known: up to their comfortable share, their usable maximum (probed) or T_R.
     np.logical_not(adm, out=other)
