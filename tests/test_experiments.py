@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from bench.experiments.__main__ import main, simulated
-from bench.experiments.analysis import default_satisfied, oracle, outcome, phase_outcomes, phases
+from bench.experiments.analysis import (
+    default_satisfied,
+    noisy_bound,
+    oracle,
+    outcome,
+    phase_outcomes,
+    phases,
+)
 from bench.experiments.scenarios import NOMINAL_CURVES, PAPER_PARAMS, paper_scenarios
 from bench.experiments.sim import Container, Curve, Node, Params, simulate, water_fill
 from bench.experiments.trace import Run
@@ -99,6 +106,25 @@ def test_oracle_counts_threads_and_judges_the_state_at_a_time() -> None:
     node = Node(2.0, cs)
     assert [oracle(node, curves, at=t) for t in (50.0, 150.0, 250.0)] == [3, 4, 3]
     assert phases([node], 300.0) == [(0.0, 100.0), (100.0, 200.0), (200.0, 300.0)]
+
+
+def test_the_bound_under_noise_is_the_oracle_without_it_and_falls_with_the_noise() -> None:
+    curves = {"tiny": Curve(SOLO)}
+    # Four targets that need 0.7 CPU: two fit at the floor 0.25 of the others (the oracle);
+    # the bound relaxes whole containers, so it may pass the oracle by less than one.
+    tight = Node(2.0, tuple(Container(f"c{i}", "tiny", SOLO / 0.7) for i in range(4)))
+    assert oracle(tight, curves) == 2
+    assert 2.0 <= noisy_bound(tight, curves, 1e-3) < 3.0
+    # One container with the CPU to spare: held in the middle of its band, it is seen in S
+    # with the probability that a log-normal factor of scatter s stays in [0.9, 1.1] / mid.
+    alone = Node(2.0, (Container("a", "tiny", SOLO / 0.5),))
+    s = 0.05
+    mid = math.sqrt(1 - 0.1**2)  # the middle of the band, in logs
+    seen = 0.5 * (math.erf(math.log(1.1 / mid) / (s * math.sqrt(2)))
+                  - math.erf(math.log(0.9 / mid) / (s * math.sqrt(2))))
+    assert noisy_bound(alone, curves, s) == pytest.approx(seen, abs=0.005)
+    bounds = [noisy_bound(tight, curves, s) for s in (0.02, 0.05, 0.1)]
+    assert bounds == sorted(bounds, reverse=True) and bounds[-1] < 2.0
 
 
 def test_simulator_events_targets_load_departures_threads() -> None:

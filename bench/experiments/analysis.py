@@ -4,6 +4,7 @@ simulator follows the real kernel."""
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -17,12 +18,36 @@ from .trace import Run
 TAIL = 0.15  # the last 15% of a run (or of a phase) is its converged state
 MIN_WINDOWS = 6  # ... and at least this many windows of a short phase
 _GRID = np.geomspace(1e-4, 1.0, 40001)  # fractions of its most at which the oracle looks
+_BOUND_STRIDE = 10  # noisy_bound looks at every 10th of them (0.23% apart)
+_LAMBDAS = np.concatenate(([0.0], np.geomspace(1e-3, 1e3, 601)))  # noisy_bound's prices
 
 
 def settled_time(node: Node) -> float:
     """A time after every arrival and every event of the node: its final state."""
     return max([c.arrival_s for c in node.containers] +
                [e for c in node.containers for e in c.events()], default=0.0) + 1.0
+
+
+@dataclass(frozen=True)
+class Curves:
+    """The containers present on a node at one time, each on a grid of the shares it can
+    have (up to what it can use: its threads), with its latency there and its target."""
+
+    floor: float  # 1/(2n) of the node's CPUs, n counting the containers present
+    cores: list[np.ndarray]
+    latency: list[np.ndarray]
+    target: list[float]
+
+
+def curves_at(node: Node, curves: dict[str, Curve], at: float | None = None) -> Curves:
+    """The node's state at time `at` (default: once every event has passed)."""
+    t = settled_time(node) if at is None else at
+    present = [c for c in node.containers if c.present(t)]
+    cores = [_GRID * min(c.threads, node.cpus) for c in present]
+    return Curves(node.cpus / (2 * max(len(present), 1)), cores,
+                  [curves[c.model].latency(x) * c.load_at(t) for c, x in zip(present, cores,
+                                                                              strict=True)],
+                  [float(c.target_at(np.array([t]))[0]) for c in present])
 
 
 def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
@@ -36,22 +61,13 @@ def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
     counting the containers present; and all of it fits in the node's CPUs. Cheapest extra
     share over the floor first, lo_i - floor, negative for a need under the floor (optimal:
     each container counts one)."""
-    t = settled_time(node) if at is None else at
-    present = [c for c in node.containers if c.present(t)]
-    n = len(present)
-    if n == 0:
-        return 0
-    floor = node.cpus / (2 * n)
+    state = curves_at(node, curves, at)
     extras = []
-    for c in present:
-        most = min(c.threads, node.cpus)
-        cores = _GRID * most
-        latency = curves[c.model].latency(cores) * c.load_at(t)
-        target = float(c.target_at(np.array([t]))[0])
+    for cores, latency, target in zip(state.cores, state.latency, state.target, strict=True):
         ok = np.abs(target - latency) <= alpha * target
         if ok.any():
-            extras.append(float(cores[ok].min()) - floor)
-    used = floor * n
+            extras.append(float(cores[ok].min()) - state.floor)
+    used = state.floor * len(state.target)
     count = 0
     for extra in sorted(extras):
         if used + extra > node.cpus + 1e-9:
@@ -59,6 +75,37 @@ def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
         used += extra
         count += 1
     return count
+
+
+def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: float = 0.10,
+                at: float | None = None) -> float:
+    """The most containers of `node` that any controller can expect in S in one window when
+    each window's latency is seen through log-normal noise of standard deviation `scatter`
+    (the noise sweep's): an upper bound, under the oracle's rules.
+
+    A container held at share c, whose latency there is L(c), is seen in S with probability
+    P(c) = Phi(ln((1 + alpha) o / L(c)) / scatter) - Phi(ln((1 - alpha) o / L(c)) / scatter).
+    Its share is at most what it can use and at least the floor, or its least share in the
+    band if that is lower (the oracle's rules). The most expected |S|, max Σ P_i(c_i) with
+    Σ c_i <= CPUs, is at most the Lagrangian dual D(lam) = lam CPUs + Σ_i max_c (P_i(c) -
+    lam c) for every lam >= 0: the least D over a grid of lam is returned. Without noise it
+    is the oracle's count, or above it by less than one (the bound relaxes counting whole
+    containers). The noise comes after the controller's choice, so it bounds the mean |S|
+    over any stretch of windows, whatever the controller does."""
+    state = curves_at(node, curves, at)
+    if not state.target:
+        return 0.0
+    dual = _LAMBDAS * node.cpus
+    phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
+    for cores, latency, target in zip(state.cores, state.latency, state.target, strict=True):
+        ok = np.abs(target - latency) <= alpha * target
+        least = min(state.floor, float(cores[ok].min())) if ok.any() else state.floor
+        held = cores >= least - 1e-12
+        c, log_l = cores[held][::_BOUND_STRIDE], np.log(latency[held][::_BOUND_STRIDE])
+        seen = (phi((math.log((1 + alpha) * target) - log_l) / scatter)
+                - phi((math.log((1 - alpha) * target) - log_l) / scatter))
+        dual += (seen[None, :] - _LAMBDAS[:, None] * c[None, :]).max(axis=1)
+    return float(dual.min())
 
 
 def default_satisfied(node: Node, curves: dict[str, Curve], alpha: float = 0.10) -> int:
@@ -117,6 +164,8 @@ class Phase:
     final_s: int  # all nodes: median of the total |S| over the phase's tail
     reached_s: float | None  # seconds from the start until the total first held final_s
     rounds: int | None  # policy rounds by then (the most of any node)
+    mean: list[float]  # per node: mean |S| over the phase's tail
+    bound: list[float] | None  # per node: noisy_bound at the run's noise; None: no noise
 
     @property
     def oracle_s(self) -> int:
@@ -136,8 +185,10 @@ def phases(nodes: list[Node], end: float) -> list[tuple[float, float]]:
 
 
 def phase_outcomes(run: Run, curves: dict[str, Curve], alpha: float = 0.10) -> list[Phase]:
-    """Each phase of the run against the oracle of its state."""
+    """Each phase of the run against the oracle of its state (and, for a run with simulated
+    noise, against noisy_bound at that noise)."""
     by_node = [run.satisfied(alpha, node=k) for k in range(len(run.nodes))]
+    noise = float(run.notes.get("noise", 0.0))
     total = np.sum(by_node, axis=0)
     step = float(run.t[1] - run.t[0]) if len(run.t) > 1 else 1.0
     out = []
@@ -152,9 +203,13 @@ def phase_outcomes(run: Run, curves: dict[str, Curve], alpha: float = 0.10) -> l
         rounds = None if when is None or not any(run.decisions) else max(
             int(np.count_nonzero((np.array(d) > a) & (np.array(d) <= when)))
             for d in run.decisions)
-        out.append(Phase(a, b, [oracle(nd, curves, alpha, at=(a + b) / 2) for nd in run.nodes],
+        middle = (a + b) / 2
+        out.append(Phase(a, b, [oracle(nd, curves, alpha, at=middle) for nd in run.nodes],
                          [int(np.percentile(sat[tail], 50, method="lower")) for sat in by_node],
-                         final, None if when is None else when - a, rounds))
+                         final, None if when is None else when - a, rounds,
+                         [float(sat[tail].mean()) for sat in by_node],
+                         [noisy_bound(nd, curves, noise, alpha, at=middle)
+                          for nd in run.nodes] if noise else None))
     return out
 
 
