@@ -14,7 +14,9 @@ import pytest
 
 from bench.experiments.__main__ import main, simulated
 from bench.experiments.analysis import (
+    agreement,
     default_satisfied,
+    interchangeable,
     noisy_bound,
     oracle,
     outcome,
@@ -125,6 +127,25 @@ def test_the_bound_under_noise_is_the_oracle_without_it_and_falls_with_the_noise
     assert noisy_bound(alone, curves, s) == pytest.approx(seen, abs=0.005)
     bounds = [noisy_bound(tight, curves, s) for s in (0.02, 0.05, 0.1)]
     assert bounds == sorted(bounds, reverse=True) and bounds[-1] < 2.0
+
+
+def test_agreement_compares_interchangeable_containers_share_by_share() -> None:
+    # Two near-identical containers (targets 2% apart) and a third of another model: the
+    # real run admitted the first, the simulation the second, at the same share.
+    node = Node(2.0, (Container("a", "tiny", 1.00 * SOLO), Container("b", "tiny", 1.02 * SOLO),
+                      Container("c", "mini", SOLO)))
+    t = np.arange(1.0, 41.0)
+
+    def run(shares: list[float]) -> Run:
+        usage = np.tile(shares, (len(t), 1))
+        return Run("x", "admit", "sim", {}, [node], t, np.full(usage.shape, SOLO), usage,
+                   usage)
+
+    assert [g.tolist() for g in interchangeable(run([0.0] * 3), 0.05)] == [[0, 1]]
+    assert interchangeable(run([0.0] * 3), 0.01) == []
+    real, sim = run([1.2, 0.4, 0.4]), run([0.4, 1.2, 0.4])
+    assert agreement(real, sim).share_error == pytest.approx(0.0)
+    assert agreement(real, run([0.4, 1.2, 0.6])).share_error == pytest.approx(0.2 / 3)
 
 
 def test_simulator_events_targets_load_departures_threads() -> None:

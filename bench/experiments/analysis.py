@@ -265,5 +265,33 @@ class Agreement:
 
 
 def agreement(real: Run, sim: Run, alpha: float = 0.10) -> Agreement:
+    """The final |S| of each, and their converged CPU shares compared container by
+    container, but among interchangeable containers (same model, node, arrival, departure,
+    threads and events, targets within alpha/2 of each other) share by share in sorted
+    order: a policy picks among those by the noise of its measurements, which no simulator
+    repeats."""
     r, s = outcome(real, alpha), outcome(sim, alpha)
-    return Agreement(r.final_s, s.final_s, float(np.nanmean(np.abs(s.shares - r.shares))))
+    real_shares, sim_shares = r.shares.copy(), s.shares.copy()
+    for group in interchangeable(real, alpha / 2):
+        real_shares[group] = np.sort(real_shares[group])
+        sim_shares[group] = np.sort(sim_shares[group])
+    return Agreement(r.final_s, s.final_s, float(np.nanmean(np.abs(sim_shares - real_shares))))
+
+
+def interchangeable(run: Run, tolerance: float) -> list[np.ndarray]:
+    """Groups (of two or more, by index) of the run's containers that differ only by their
+    targets, each within `tolerance` (relative) of the group's loosest."""
+    groups: dict[tuple[object, ...], list[tuple[float, int]]] = {}
+    for i, (c, node) in enumerate(zip(run.containers, run.node_of, strict=True)):
+        kind = (c.model, int(node), c.arrival_s, c.departure_s, c.threads, c.retargets, c.load)
+        groups.setdefault(kind, []).append((c.target_s, i))
+    out = []
+    for members in groups.values():
+        members.sort(reverse=True)
+        while members:
+            loosest = members[0][0]
+            near = [i for target, i in members if target >= loosest * (1 - tolerance)]
+            members = [m for m in members if m[1] not in near]
+            if len(near) > 1:
+                out.append(np.array(sorted(near)))
+    return out
