@@ -39,7 +39,6 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lab.cgroups import cgroup2_cpu_mount
+from lab.guest import here_or_in_guest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -262,13 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     seconds = 3.0 if args.quick else args.seconds
     reps = 1 if args.quick else args.reps
-    if cgroup2_cpu_mount() is not None:
-        run_here(out, seconds, reps, args.quick)
-        return 0
-    cmd = [sys.executable, "-m", "lab.guest", "--writable", str(out), "--timeout",
-           str(GUEST_TIMEOUT_S), "--", sys.executable, "-m", "bench.limit_modes", "--out",
-           str(out), "--seconds", str(seconds), "--reps", str(reps)] + ["--quick"] * args.quick
-    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    return here_or_in_guest(lambda: run_here(out, seconds, reps, args.quick), "the runs",
+                            "bench.limit_modes", ["--out", str(out), "--seconds", str(seconds),
+                                                  "--reps", str(reps)] + ["--quick"] * args.quick,
+                            out, GUEST_TIMEOUT_S)
 
 
 if __name__ == "__main__":

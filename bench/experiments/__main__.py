@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, replace
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dqoes_cg.policy import POLICIES
-from lab.cgroups import cgroup2_cpu_mount
+from lab.guest import here_or_in_guest
 
 from .analysis import matched_curves, scatter, settled_latency
 from .progress import Progress
@@ -49,7 +48,6 @@ from .scenarios import (
 from .sim import Curve, Node, Params, simulate
 from .trace import Run
 
-ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 REAL_WINDOW_S = 2.0  # observer windows of the real runs
 SIM_WINDOW_S = 5.0  # and of the paper-scale simulations (hours of simulated time)
@@ -89,15 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def real_part_somewhere(out: Path, quick: bool) -> int:
-    if cgroup2_cpu_mount() is not None:
-        run_real(out, quick)
-        return 0
-    print("no cgroup v2 cpu controller on this host: the real runs go to a qemu guest",
-          file=sys.stderr)
-    cmd = [sys.executable, "-m", "lab.guest", "--writable", str(out), "--timeout",
-           str(GUEST_TIMEOUT_S), "--", sys.executable, "-m", "bench.experiments",
-           "--real-part", "--out", str(out)] + ["--quick"] * quick
-    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    return here_or_in_guest(lambda: run_real(out, quick), "the real runs", "bench.experiments",
+                            ["--real-part", "--out", str(out)] + ["--quick"] * quick, out,
+                            GUEST_TIMEOUT_S)
 
 
 def run_real(out: Path, quick: bool) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,11 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from lab.cgroups import cgroup2_cpu_mount
+from lab.guest import here_or_in_guest
 
 from .sim import Job, Model, simulate
 
-ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 RUN_TIMEOUT_S = 1200.0  # one real run (a platform of one of the three)
 GUEST_TIMEOUT_S = 7 * RUN_TIMEOUT_S
@@ -245,15 +243,9 @@ def plot_real(real: dict[str, Any], out: Path) -> None:
 
 def real_part_somewhere(out: Path, quick: bool) -> int:
     """The real runs here if this kernel can, else in a guest that writes into `out`."""
-    if cgroup2_cpu_mount() is not None:
-        run_real(out, quick)
-        return 0
-    print("no cgroup v2 cpu controller on this host: the real runs go to a qemu guest",
-          file=sys.stderr)
-    cmd = [sys.executable, "-m", "lab.guest", "--writable", str(out), "--timeout",
-           str(GUEST_TIMEOUT_S), "--", sys.executable, "-m", "bench.flowcon", "--real-part",
-           "--out", str(out)] + ["--quick"] * quick
-    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    return here_or_in_guest(lambda: run_real(out, quick), "the real runs", "bench.flowcon",
+                            ["--real-part", "--out", str(out)] + ["--quick"] * quick, out,
+                            GUEST_TIMEOUT_S)
 
 
 def run_real(out: Path, quick: bool) -> None:
