@@ -139,7 +139,7 @@ class Actuator:
         self._write(now)
         np.equal(self.table.apply_status, OK, out=self._first)
         np.logical_and(mask, self._first, out=mask)
-        np.copyto(self.limit, limits, where=mask)
+        np.putmask(self.limit, mask, limits)
 
     def _request(self, limits: np.ndarray, only: np.ndarray | None) -> np.ndarray:
         """Fill the table's request with the quotas of `limits` where they are finite (and
@@ -156,7 +156,7 @@ class Actuator:
             np.logical_and(mask, ~self.contested, out=mask)
         t.period_usec.fill(LEAVE_ALONE)
         np.copyto(t.quota_usec, q, where=mask, casting="unsafe")
-        np.copyto(t.period_usec, self.period_usec, where=mask)
+        np.putmask(t.period_usec, mask, self.period_usec)
         return mask
 
     def _journal_first_writes(self) -> bool:
@@ -225,8 +225,8 @@ class Actuator:
         known = mask & (self.original_period != PERIOD_UNKNOWN)
         owned = known & (t.last_period_usec != PERIOD_UNKNOWN) & ~self.contested
         t.period_usec.fill(LEAVE_ALONE)
-        np.copyto(t.quota_usec, self.original_quota, where=owned)
-        np.copyto(t.period_usec, self.original_period, where=owned)
+        np.putmask(t.quota_usec, owned, self.original_quota)
+        np.putmask(t.period_usec, owned, self.original_period)
         t.apply()
         self.units.tell(t.quota_usec, t.period_usec)
         for i in np.flatnonzero(owned & (t.apply_status != Status.OK)):

@@ -168,7 +168,7 @@ class Fleet:
         w = self.rings.take_window()
         np.take(self.rings.stats.ravel(), self.metric_index, out=self.measured)
         if self._any_training:
-            np.copyto(self.measured, np.nan, where=self.training)
+            np.putmask(self.measured, self.training, np.nan)
         np.copyto(self.samples, w.count)
         self._reports(w)
         np.subtract(self.table.usage_usec, self.usage_at_window, out=self._u)
@@ -196,12 +196,12 @@ class Fleet:
         np.equal(start, OK, out=unknown)
         np.logical_and(unknown, read, out=unknown)
         np.logical_not(unknown, out=unknown)
-        np.copyto(self.waited, np.nan, where=unknown)
+        np.putmask(self.waited, unknown, np.nan)
         np.equal(status, SKIPPED, out=skipped)
         np.equal(start, SKIPPED, out=unknown)
         np.logical_or(skipped, unknown, out=skipped)
-        np.copyto(self.waited, np.inf, where=skipped)
-        np.copyto(self.waited_at_window, t.waited_usec, where=read)
+        np.putmask(self.waited, skipped, np.inf)
+        np.putmask(self.waited_at_window, read, t.waited_usec)
         np.copyto(start, status)
 
     def _want_pressure(self, wanted: np.ndarray | None) -> None:
@@ -217,9 +217,9 @@ class Fleet:
             return
         np.copyto(t.pressure_wanted, extra)
         t.pressure()
-        np.copyto(self.pressure_at_window, t.pressure_status, where=extra)
+        np.putmask(self.pressure_at_window, extra, t.pressure_status)
         np.equal(t.pressure_status, OK, out=extra)
-        np.copyto(self.waited_at_window, t.waited_usec, where=extra)
+        np.putmask(self.waited_at_window, extra, t.waited_usec)
 
     def _reports(self, w: WindowStats) -> None:
         """The interval of each training job's reports: from its last before the window
@@ -235,14 +235,14 @@ class Fleet:
             return
         np.isnan(self.evaluation, out=first)  # no report before this window
         np.logical_and(first, reported, out=first)
-        np.copyto(self.eval_prev, w.first_value, where=first)
+        np.putmask(self.eval_prev, first, w.first_value)
         np.multiply(w.first_ns, 1e-9, out=times)
-        np.copyto(self.eval_prev_at, times, where=first)
-        np.copyto(self.eval_last, w.last_value, where=reported)
+        np.putmask(self.eval_prev_at, first, times)
+        np.putmask(self.eval_last, reported, w.last_value)
         np.multiply(w.last_ns, 1e-9, out=times)
-        np.copyto(self.eval_last_at, times, where=reported)
-        np.copyto(self.evaluation, self.eval_last, where=reported)
-        np.copyto(self.evaluated_at, self.eval_last_at, where=reported)
+        np.putmask(self.eval_last_at, reported, times)
+        np.putmask(self.evaluation, reported, self.eval_last)
+        np.putmask(self.evaluated_at, reported, self.eval_last_at)
 
     def record(self, decision: Decision) -> None:
         """Keep a decision's classes and scores for status, and the containers whose

@@ -288,11 +288,11 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     np.logical_or(outlier, jump, out=smooth)
     np.logical_not(smooth, out=smooth)
     np.logical_and(smooth, est, out=smooth)  # neither outlier nor set
-    np.copyto(mem.outlier, 0.0, where=est)
-    np.copyto(mem.outlier, s.y, where=outlier)
-    np.copyto(mem.outlier, 0.0, where=jump)
-    np.copyto(mem.log_work, x, where=jump)
-    np.copyto(mem.samples, 0.0, where=jump)
+    np.putmask(mem.outlier, est, 0.0)
+    np.putmask(mem.outlier, outlier, s.y)
+    np.putmask(mem.outlier, jump, 0.0)
+    np.putmask(mem.log_work, jump, x)
+    np.putmask(mem.samples, jump, 0.0)
     np.add(mem.samples, 1.0, out=mem.samples, where=est)
     np.maximum(mem.samples, 1.0, out=gain)
     np.divide(1.0, gain, out=gain)
@@ -303,14 +303,14 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     np.subtract(d, mem.log_var, out=d)
     np.multiply(d, gain, out=d)
     np.add(mem.log_var, d, out=mem.log_var, where=smooth)
-    np.copyto(mem.log_var, 0.0, where=fresh)
+    np.putmask(mem.log_var, fresh, 0.0)
 
     # Usable maximum: it used less than (1 - SLACK) of its cap, and at least half of what
     # it left was idle CPU (else CFS gave it to others: an unlimited newcomer, say).
     slack, usage, cap = s.slack, obs.usage, s.cap
     idle = T_R - masked_sum(usage, np.isfinite(usage, out=s.mask), x)
     np.copyto(cap, obs.limit)
-    np.copyto(cap, T_R, where=np.isnan(cap, out=s.mask))
+    np.putmask(cap, np.isnan(cap, out=s.mask), T_R)
     np.multiply(cap, 1.0 - SLACK, out=x)
     np.less(usage, x, out=slack)
     np.subtract(cap, usage, out=x)  # what it left of its cap
@@ -322,10 +322,10 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
         np.logical_not(s.mask, out=s.mask)
         np.logical_and(slack, s.mask, out=slack)
     np.logical_and(slack, est, out=slack)
-    np.copyto(mem.usable, usage, where=slack)
+    np.putmask(mem.usable, slack, usage)
     np.greater(usage, mem.usable, out=s.mask)  # NaN (unknown) compares false
     np.logical_and(s.mask, est, out=s.mask)
-    np.copyto(mem.usable, usage, where=s.mask)
+    np.putmask(mem.usable, s.mask, usage)
 
 
 def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
@@ -401,7 +401,7 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     left -= theta * room
     np.multiply(s.head, theta, out=s.x)
     np.add(s.x, s.lean, out=s.x)
-    np.copyto(limit_out, s.x, where=adm)
+    np.putmask(limit_out, adm, s.x)
     # The others known: up to their comfortable share, their usable maximum (probed) or T_R.
     np.logical_not(adm, out=other)
     np.logical_and(other, s.known, out=other)
@@ -411,11 +411,11 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     np.minimum(s.top, T_R, out=s.top)
     np.subtract(s.top, floor, out=s.head)
     np.maximum(s.head, 0.0, out=s.head)
-    np.copyto(s.head, 0.0, where=np.logical_not(other, out=s.mask))
+    np.putmask(s.head, np.logical_not(other, out=s.mask), 0.0)
     level = water_level(s.head, left, s)
     np.minimum(s.head, level, out=s.x)
     np.add(s.x, floor, out=s.x)
-    np.copyto(limit_out, s.x, where=other)
+    np.putmask(limit_out, other, s.x)
 
 
 def pressure_wanted(obs: Observation, d: Decision, s: Scratch) -> None:
@@ -480,9 +480,9 @@ class Admit:
         # What the unknown (idle) slots hold: their limit, else their usage, at least f.
         held = s.held
         np.copyto(held, obs.limit)
-        np.copyto(held, obs.usage, where=np.isnan(held, out=s.mask))
+        np.putmask(held, np.isnan(held, out=s.mask), obs.usage)
         np.fmax(held, floor, out=held)
-        np.copyto(held, 0.0, where=s.known)
+        np.putmask(held, s.known, 0.0)
         n_known = int(np.count_nonzero(s.known))
         budget = max(T_R - n_known * floor - float(held.sum()), 0.0)
         left = admit_into(budget, mem, s)
