@@ -29,11 +29,10 @@ Where in the band
 -----------------
 S is the band p in [o(1 - alpha), o(1 + alpha)], the shares [w/(o(1+alpha)), w/(o(1-alpha))].
 A container is aimed inside it by a margin mu_i = clip(MARGIN_Z √v_i, MARGIN_MIN, atanh
-alpha) of log latency from either edge (atanh alpha is half the band's width in logs):
+alpha) of log latency from the slow edge (atanh alpha is half the band's width in logs):
 
     lean_i  = (w_i/o_i) e^mu_i / (1 + alpha)       the least share, mu_i from the slow edge
     comfy_i = (w_i/o_i) / √(1 - alpha²)            the middle of the band
-    most_i  = (w_i/o_i) e^-mu_i / (1 - alpha)      the most share, mu_i from the fast edge
 
 On a quiet host mu is small, and a container admitted at its lean share costs 10% less than
 at the middle: that is what lets the last container in when CPU is scarce. The noisier the
@@ -211,7 +210,6 @@ class Scratch:
     margin: FloatArray
     lean: FloatArray
     comfy: FloatArray
-    most: FloatArray
     usable: FloatArray  # m_i, T_R where unknown
     cost: FloatArray
     top: FloatArray
@@ -330,7 +328,7 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
 
 def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
                 s: Scratch) -> None:
-    """lean, comfy, most, usable, base and cost of every known slot: s.known (valid, with a
+    """lean, comfy, usable and cost of every known slot: s.known (valid, with a
     positive target) and with an estimate of its work."""
     known = s.known
     np.isfinite(mem.log_work, out=s.mask)
@@ -343,9 +341,7 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.divide(s.work, target, out=s.comfy, where=known)  # w/o, then each aim
     np.exp(s.margin, out=s.x)
     np.multiply(s.comfy, s.x, out=s.lean)
-    np.divide(s.comfy, s.x, out=s.most)
     np.multiply(s.lean, 1.0 / (1.0 + alpha), out=s.lean)
-    np.multiply(s.most, 1.0 / (1.0 - alpha), out=s.most)
     np.multiply(s.comfy, 1.0 / math.sqrt(1.0 - alpha * alpha), out=s.comfy)
     np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
     # An admitted container is held at its need (lean), under the floor if that is where its
