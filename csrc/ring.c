@@ -670,8 +670,13 @@ uint64_t dq_ring_drain(dq_ring_table *t, uint64_t now_ns, struct dq_ring_record 
          * processor fetch ahead: ask for the rings a little further on meanwhile. */
         if (i + 2 * PREFETCH_AHEAD < t->n)
             __builtin_prefetch(&t->readers[i + 2 * PREFETCH_AHEAD]);
-        if (i + PREFETCH_AHEAD < t->n && t->readers[i + PREFETCH_AHEAD].header != NULL)
-            __builtin_prefetch(t->readers[i + PREFETCH_AHEAD].header);
+        if (i + PREFETCH_AHEAD < t->n && t->readers[i + PREFETCH_AHEAD].header != NULL) {
+            const struct reader *next = &t->readers[i + PREFETCH_AHEAD];
+            __builtin_prefetch(next->header);
+            /* where its new latencies most likely go: the histogram's first bucket in use
+             * (each ring's histogram is pages of its own, a TLB miss when not asked ahead) */
+            __builtin_prefetch(&next->hist[next->lo]);
+        }
         if (t->readers[i].header == NULL)
             continue;
         accepted += drain_one(t, i, now_ns, read_ns, out, out_len, &c);
@@ -689,6 +694,8 @@ void dq_ring_take_window(dq_ring_table *t, int64_t *count, double *stats, int64_
     for (size_t i = 0; i < n; i++) {
         struct reader *r = &t->readers[i];
         uint64_t c = r->count, seen = 0;
+        if (i + PREFETCH_AHEAD < n) /* as in dq_ring_drain: the histogram's pages */
+            __builtin_prefetch(&r[PREFETCH_AHEAD].hist[r[PREFETCH_AHEAD].lo]);
         unsigned b = r->lo;
         int some = r->progress != 0;
         progress[i] = (int64_t)r->progress;

@@ -46,6 +46,7 @@ FIGHT_WINDOW_S = 60.0
 BACKOFF_S = 60.0
 BACKOFF_MAX_S = 960.0
 LOG_EVERY_S = 60.0
+OK = int(Status.OK)  # numpy compares an array with a plain int faster than with an IntEnum
 
 
 class Journal(Protocol):
@@ -98,6 +99,7 @@ class Actuator:
         self._quota = np.zeros(n)  # scratch
         self._mask = np.zeros(n, bool)
         self._first = np.zeros(n, bool)
+        self._unsaved = np.zeros(n, bool)
 
         table.read_back()
         if previous is not None:
@@ -135,9 +137,9 @@ class Actuator:
         if not self._journal_first_writes():
             return
         self._write(now)
-        np.equal(self.table.apply_status, Status.OK, out=self._first)
+        np.equal(self.table.apply_status, OK, out=self._first)
         np.logical_and(mask, self._first, out=mask)
-        np.copyto(self.limit, limits, where=mask)
+        np.putmask(self.limit, mask, limits)
 
     def _request(self, limits: np.ndarray, only: np.ndarray | None) -> np.ndarray:
         """Fill the table's request with the quotas of `limits` where they are finite (and
@@ -154,7 +156,7 @@ class Actuator:
             np.logical_and(mask, ~self.contested, out=mask)
         t.period_usec.fill(LEAVE_ALONE)
         np.copyto(t.quota_usec, q, where=mask, casting="unsafe")
-        np.copyto(t.period_usec, self.period_usec, where=mask)
+        np.putmask(t.period_usec, mask, self.period_usec)
         return mask
 
     def _journal_first_writes(self) -> bool:
@@ -163,7 +165,8 @@ class Actuator:
         t = self.table
         first = self._first
         np.not_equal(t.period_usec, LEAVE_ALONE, out=first)
-        np.logical_and(first, self.original_period == PERIOD_UNKNOWN, out=first)
+        np.equal(self.original_period, PERIOD_UNKNOWN, out=self._unsaved)
+        np.logical_and(first, self._unsaved, out=first)
         if not first.any():  # the usual case: every original is known
             return True
         t.read_back()  # the values in force now
@@ -222,8 +225,8 @@ class Actuator:
         known = mask & (self.original_period != PERIOD_UNKNOWN)
         owned = known & (t.last_period_usec != PERIOD_UNKNOWN) & ~self.contested
         t.period_usec.fill(LEAVE_ALONE)
-        np.copyto(t.quota_usec, self.original_quota, where=owned)
-        np.copyto(t.period_usec, self.original_period, where=owned)
+        np.putmask(t.quota_usec, owned, self.original_quota)
+        np.putmask(t.period_usec, owned, self.original_period)
         t.apply()
         self.units.tell(t.quota_usec, t.period_usec)
         for i in np.flatnonzero(owned & (t.apply_status != Status.OK)):

@@ -30,6 +30,9 @@ from .policy import Cls, Decision, Observation
 from .ring import RingSet, WindowStats
 from .state import METRICS, TRAINING, Target
 
+# numpy compares an array with a plain int several times faster than with an IntEnum member
+OK, GONE, SKIPPED = int(Status.OK), int(Status.GONE), int(Status.SKIPPED)
+
 
 def carry_index(names: Sequence[str], previous: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(new slots, old slots) of the names that `previous` also had: what a table rebuilt
@@ -54,6 +57,7 @@ class Fleet:
         self.rings = rings
         self.cpus = cpus
         self.training = np.array([t.kind == TRAINING for t in targets], dtype=bool)
+        self._any_training = bool(self.training.any())
         self.target_s = np.array([np.nan if t.target_s is None else t.target_s
                                   for t in targets], dtype=np.float64)
         self.metric = np.array([_metric_row(t.metric) for t in targets], dtype=np.intp)
@@ -130,6 +134,7 @@ class Fleet:
         """A bound container's objective (or kind) changed."""
         i = self.slot[name]
         self.training[i] = kind == TRAINING
+        self._any_training = bool(self.training.any())
         self.target_s[i] = np.nan if target_s is None else target_s
         self.metric[i] = _metric_row(metric)
         self.metric_index[i] = self.metric[i] * len(self) + i
@@ -138,7 +143,7 @@ class Fleet:
         """Sample cpu.stat and drain the rings; per-tick usage and throttling for status.
         Returns whether a cgroup was found removed (flagged in `gone`)."""
         t = self.table
-        t.sample()
+        ok = t.sample()
         self.rings.drain()
         elapsed = max(now - self.tick_time, 1e-6)
         np.subtract(t.usage_usec, self.usage_prev, out=self._u)
@@ -151,7 +156,10 @@ class Fleet:
         np.copyto(self.periods_prev, t.nr_periods)
         np.copyto(self.throttled_prev, t.nr_throttled)
         self.tick_time = now
-        np.equal(t.status, Status.GONE, out=self.gone)
+        if ok == len(self):  # the usual case: every cpu.stat read, none gone
+            self.gone.fill(False)
+            return False
+        np.equal(t.status, GONE, out=self.gone)
         return bool(self.gone.any())
 
     def observe_window(self, now: float) -> Observation:
@@ -159,7 +167,8 @@ class Fleet:
         and CPU usage share over it, and each training job's interval of reports."""
         w = self.rings.take_window()
         np.take(self.rings.stats.ravel(), self.metric_index, out=self.measured)
-        np.copyto(self.measured, np.nan, where=self.training)
+        if self._any_training:
+            np.putmask(self.measured, self.training, np.nan)
         np.copyto(self.samples, w.count)
         self._reports(w)
         np.subtract(self.table.usage_usec, self.usage_at_window, out=self._u)
@@ -183,16 +192,16 @@ class Fleet:
         t.pressure()
         np.subtract(t.waited_usec, self.waited_at_window, out=self._u)
         np.divide(self._u, self._g, out=self.waited)
-        np.equal(status, Status.OK, out=read)
-        np.equal(start, Status.OK, out=unknown)
+        np.equal(status, OK, out=read)
+        np.equal(start, OK, out=unknown)
         np.logical_and(unknown, read, out=unknown)
         np.logical_not(unknown, out=unknown)
-        np.copyto(self.waited, np.nan, where=unknown)
-        np.equal(status, Status.SKIPPED, out=skipped)
-        np.equal(start, Status.SKIPPED, out=unknown)
+        np.putmask(self.waited, unknown, np.nan)
+        np.equal(status, SKIPPED, out=skipped)
+        np.equal(start, SKIPPED, out=unknown)
         np.logical_or(skipped, unknown, out=skipped)
-        np.copyto(self.waited, np.inf, where=skipped)
-        np.copyto(self.waited_at_window, t.waited_usec, where=read)
+        np.putmask(self.waited, skipped, np.inf)
+        np.putmask(self.waited_at_window, read, t.waited_usec)
         np.copyto(start, status)
 
     def _want_pressure(self, wanted: np.ndarray | None) -> None:
@@ -201,16 +210,16 @@ class Fleet:
         t, extra = self.table, self._skipped
         if wanted is None:
             wanted = self._everyone
-        np.equal(self.pressure_at_window, Status.SKIPPED, out=extra)
+        np.equal(self.pressure_at_window, SKIPPED, out=extra)
         np.logical_and(extra, wanted, out=extra)
         np.copyto(self.pressure_wanted, wanted)
         if not extra.any():
             return
         np.copyto(t.pressure_wanted, extra)
         t.pressure()
-        np.copyto(self.pressure_at_window, t.pressure_status, where=extra)
-        np.equal(t.pressure_status, Status.OK, out=extra)
-        np.copyto(self.waited_at_window, t.waited_usec, where=extra)
+        np.putmask(self.pressure_at_window, extra, t.pressure_status)
+        np.equal(t.pressure_status, OK, out=extra)
+        np.putmask(self.waited_at_window, extra, t.waited_usec)
 
     def _reports(self, w: WindowStats) -> None:
         """The interval of each training job's reports: from its last before the window
@@ -220,18 +229,20 @@ class Fleet:
         np.logical_and(reported, self.training, out=reported)
         np.copyto(self.eval_prev, self.evaluation)
         np.copyto(self.eval_prev_at, self.evaluated_at)
+        self.eval_last.fill(np.nan)
+        self.eval_last_at.fill(np.nan)
+        if not reported.any():  # the usual case (always without a training job)
+            return
         np.isnan(self.evaluation, out=first)  # no report before this window
         np.logical_and(first, reported, out=first)
-        np.copyto(self.eval_prev, w.first_value, where=first)
+        np.putmask(self.eval_prev, first, w.first_value)
         np.multiply(w.first_ns, 1e-9, out=times)
-        np.copyto(self.eval_prev_at, times, where=first)
-        self.eval_last.fill(np.nan)
-        np.copyto(self.eval_last, w.last_value, where=reported)
+        np.putmask(self.eval_prev_at, first, times)
+        np.putmask(self.eval_last, reported, w.last_value)
         np.multiply(w.last_ns, 1e-9, out=times)
-        self.eval_last_at.fill(np.nan)
-        np.copyto(self.eval_last_at, times, where=reported)
-        np.copyto(self.evaluation, self.eval_last, where=reported)
-        np.copyto(self.evaluated_at, self.eval_last_at, where=reported)
+        np.putmask(self.eval_last_at, reported, times)
+        np.putmask(self.evaluation, reported, self.eval_last)
+        np.putmask(self.evaluated_at, reported, self.eval_last_at)
 
     def record(self, decision: Decision) -> None:
         """Keep a decision's classes and scores for status, and the containers whose

@@ -29,11 +29,10 @@ Where in the band
 -----------------
 S is the band p in [o(1 - alpha), o(1 + alpha)], the shares [w/(o(1+alpha)), w/(o(1-alpha))].
 A container is aimed inside it by a margin mu_i = clip(MARGIN_Z √v_i, MARGIN_MIN, atanh
-alpha) of log latency from either edge (atanh alpha is half the band's width in logs):
+alpha) of log latency from the slow edge (atanh alpha is half the band's width in logs):
 
     lean_i  = (w_i/o_i) e^mu_i / (1 + alpha)       the least share, mu_i from the slow edge
     comfy_i = (w_i/o_i) / √(1 - alpha²)            the middle of the band
-    most_i  = (w_i/o_i) e^-mu_i / (1 - alpha)      the most share, mu_i from the fast edge
 
 On a quiet host mu is small, and a container admitted at its lean share costs 10% less than
 at the middle: that is what lets the last container in when CPU is scarce. The noisier the
@@ -211,7 +210,6 @@ class Scratch:
     margin: FloatArray
     lean: FloatArray
     comfy: FloatArray
-    most: FloatArray
     usable: FloatArray  # m_i, T_R where unknown
     cost: FloatArray
     top: FloatArray
@@ -288,11 +286,11 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     np.logical_or(outlier, jump, out=smooth)
     np.logical_not(smooth, out=smooth)
     np.logical_and(smooth, est, out=smooth)  # neither outlier nor set
-    np.copyto(mem.outlier, 0.0, where=est)
-    np.copyto(mem.outlier, s.y, where=outlier)
-    np.copyto(mem.outlier, 0.0, where=jump)
-    np.copyto(mem.log_work, x, where=jump)
-    np.copyto(mem.samples, 0.0, where=jump)
+    np.putmask(mem.outlier, est, 0.0)
+    np.putmask(mem.outlier, outlier, s.y)
+    np.putmask(mem.outlier, jump, 0.0)
+    np.putmask(mem.log_work, jump, x)
+    np.putmask(mem.samples, jump, 0.0)
     np.add(mem.samples, 1.0, out=mem.samples, where=est)
     np.maximum(mem.samples, 1.0, out=gain)
     np.divide(1.0, gain, out=gain)
@@ -303,14 +301,14 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     np.subtract(d, mem.log_var, out=d)
     np.multiply(d, gain, out=d)
     np.add(mem.log_var, d, out=mem.log_var, where=smooth)
-    np.copyto(mem.log_var, 0.0, where=fresh)
+    np.putmask(mem.log_var, fresh, 0.0)
 
     # Usable maximum: it used less than (1 - SLACK) of its cap, and at least half of what
     # it left was idle CPU (else CFS gave it to others: an unlimited newcomer, say).
     slack, usage, cap = s.slack, obs.usage, s.cap
     idle = T_R - masked_sum(usage, np.isfinite(usage, out=s.mask), x)
     np.copyto(cap, obs.limit)
-    np.copyto(cap, T_R, where=np.isnan(cap, out=s.mask))
+    np.putmask(cap, np.isnan(cap, out=s.mask), T_R)
     np.multiply(cap, 1.0 - SLACK, out=x)
     np.less(usage, x, out=slack)
     np.subtract(cap, usage, out=x)  # what it left of its cap
@@ -322,15 +320,15 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
         np.logical_not(s.mask, out=s.mask)
         np.logical_and(slack, s.mask, out=slack)
     np.logical_and(slack, est, out=slack)
-    np.copyto(mem.usable, usage, where=slack)
+    np.putmask(mem.usable, slack, usage)
     np.greater(usage, mem.usable, out=s.mask)  # NaN (unknown) compares false
     np.logical_and(s.mask, est, out=s.mask)
-    np.copyto(mem.usable, usage, where=s.mask)
+    np.putmask(mem.usable, s.mask, usage)
 
 
 def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
                 s: Scratch) -> None:
-    """lean, comfy, most, usable, base and cost of every known slot: s.known (valid, with a
+    """lean, comfy, usable and cost of every known slot: s.known (valid, with a
     positive target) and with an estimate of its work."""
     known = s.known
     np.isfinite(mem.log_work, out=s.mask)
@@ -343,9 +341,7 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.divide(s.work, target, out=s.comfy, where=known)  # w/o, then each aim
     np.exp(s.margin, out=s.x)
     np.multiply(s.comfy, s.x, out=s.lean)
-    np.divide(s.comfy, s.x, out=s.most)
     np.multiply(s.lean, 1.0 / (1.0 + alpha), out=s.lean)
-    np.multiply(s.most, 1.0 / (1.0 - alpha), out=s.most)
     np.multiply(s.comfy, 1.0 / math.sqrt(1.0 - alpha * alpha), out=s.comfy)
     np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
     # An admitted container is held at its need (lean), under the floor if that is where its
@@ -401,7 +397,7 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     left -= theta * room
     np.multiply(s.head, theta, out=s.x)
     np.add(s.x, s.lean, out=s.x)
-    np.copyto(limit_out, s.x, where=adm)
+    np.putmask(limit_out, adm, s.x)
     # The others known: up to their comfortable share, their usable maximum (probed) or T_R.
     np.logical_not(adm, out=other)
     np.logical_and(other, s.known, out=other)
@@ -411,11 +407,11 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     np.minimum(s.top, T_R, out=s.top)
     np.subtract(s.top, floor, out=s.head)
     np.maximum(s.head, 0.0, out=s.head)
-    np.copyto(s.head, 0.0, where=np.logical_not(other, out=s.mask))
+    np.putmask(s.head, np.logical_not(other, out=s.mask), 0.0)
     level = water_level(s.head, left, s)
     np.minimum(s.head, level, out=s.x)
     np.add(s.x, floor, out=s.x)
-    np.copyto(limit_out, s.x, where=other)
+    np.putmask(limit_out, other, s.x)
 
 
 def pressure_wanted(obs: Observation, d: Decision, s: Scratch) -> None:
@@ -480,9 +476,9 @@ class Admit:
         # What the unknown (idle) slots hold: their limit, else their usage, at least f.
         held = s.held
         np.copyto(held, obs.limit)
-        np.copyto(held, obs.usage, where=np.isnan(held, out=s.mask))
+        np.putmask(held, np.isnan(held, out=s.mask), obs.usage)
         np.fmax(held, floor, out=held)
-        np.copyto(held, 0.0, where=s.known)
+        np.putmask(held, s.known, 0.0)
         n_known = int(np.count_nonzero(s.known))
         budget = max(T_R - n_known * floor - float(held.sum()), 0.0)
         left = admit_into(budget, mem, s)
