@@ -35,7 +35,6 @@ Results: DIR/limit_modes.json and DIR/limit_modes.md (default bench/results).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -47,16 +46,13 @@ from pathlib import Path
 
 import numpy as np
 
-from lab.guest import here_or_in_guest
+from . import real_kernel
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 MODEL = "tiny"
 SHARES = (0.3, 0.45)  # CPUs each measured worker is guaranteed: 4 of them fit in 2 CPUs
 OPEN_LOAD = 0.5  # open loop: a worker's mean CPU demand, as a fraction of its smallest share
 BALLAST = ("b1", "b2")
 SETTLE_S = 3.0
-GUEST_TIMEOUT_S = 3 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -250,21 +246,7 @@ def run_here(out: Path, seconds: float, reps: int, quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m bench.limit_modes", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--seconds", type=float, default=45.0, help="per point")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="one share, short points (tests)")
-    args = p.parse_args(argv)
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    seconds = 3.0 if args.quick else args.seconds
-    reps = 1 if args.quick else args.reps
-    return here_or_in_guest(lambda: run_here(out, seconds, reps, args.quick), "the runs",
-                            "bench.limit_modes", ["--out", str(out), "--seconds", str(seconds),
-                                                  "--reps", str(reps)] + ["--quick"] * args.quick,
-                            out, GUEST_TIMEOUT_S)
+    return real_kernel.main("bench.limit_modes", __doc__, run_here, 45.0, 3.0, argv)
 
 
 if __name__ == "__main__":

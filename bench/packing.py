@@ -2,14 +2,14 @@
 the real kernel: the CPU each busy worker gets under its cpu.max, with every cpu.weight
 equal (the default, and what dqoesd leaves) and with cpu.weight in proportion to the cap.
 
-    python3 -m bench.packing [--quick] [--seconds S] [--rounds N] [--out DIR]
+    python3 -m bench.packing [--quick] [--seconds S] [--reps N] [--out DIR]
 
 A single-threaded worker runs on one CPU at a time, and CFS places tasks by their load, not
 by their caps: caps that add up to the CPUs are delivered only if the scheduler keeps each
 CPU's sum of caps under one CPU, moving tasks between CPUs where no placement does. The
 load it balances is weighted by cpu.weight, so weights in proportion to the caps make an
 even load mean an even sum of caps. Each set of caps is the admit policy's in a real run (or
-one with slack), one busy loop per cgroup, both weightings alternating, `rounds` times.
+one with slack), one busy loop per cgroup, both weightings alternating, `reps` times.
 
 On a host without a cgroup v2 cpu controller, the runs go to a qemu guest (lab.guest).
 Results: DIR/packing.json and DIR/packing.md (default bench/results).
@@ -17,7 +17,6 @@ Results: DIR/packing.json and DIR/packing.md (default bench/results).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -27,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from lab.cgroups import cgroup2_cpu_mount, make_test_cgroup, remove_cgroup_tree
-from lab.guest import here_or_in_guest
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from . import real_kernel
+
 CAP_SETS = {  # CPUs, on a node of 2: the admit policy's caps over a real run's tail
     "r1-identical-unachievable": (0.76, 0.74, 0.25, 0.25),
     "r3-varied-burst": (0.60, 0.49, 0.36, 0.30, 0.25),
@@ -39,7 +38,6 @@ CAP_SETS = {  # CPUs, on a node of 2: the admit policy's caps over a real run's 
 WEIGHTINGS = ("equal", "in proportion to the cap")
 PERIOD_US = 100_000
 SETTLE_S = 3.0
-GUEST_TIMEOUT_S = 3600.0
 
 
 def usage_usec(cgroup: Path) -> int:
@@ -77,14 +75,14 @@ def delivered(parent: Path, caps: tuple[float, ...], weighting: str, seconds: fl
             cg.rmdir()
 
 
-def run_here(out: Path, seconds: float, rounds: int) -> None:
+def run_here(out: Path, seconds: float, reps: int, quick: bool = False) -> None:
     mount = cgroup2_cpu_mount()
     assert mount is not None
     parent = make_test_cgroup(mount)
     try:
         points = [{"set": name, "caps": caps, "weighting": weighting, "round": r,
                    "got": delivered(parent, caps, weighting, seconds)}
-                  for r in range(rounds) for name, caps in CAP_SETS.items()
+                  for r in range(reps) for name, caps in CAP_SETS.items()
                   for weighting in WEIGHTINGS]
     finally:
         remove_cgroup_tree(parent)
@@ -118,20 +116,7 @@ def markdown(points: list[dict[str, Any]], where: str, seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m bench.packing", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--seconds", type=float, default=30.0, help="per point")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="one round of short points (tests)")
-    args = p.parse_args(argv)
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    seconds = 2.0 if args.quick else args.seconds
-    rounds = 1 if args.quick else args.rounds
-    return here_or_in_guest(lambda: run_here(out, seconds, rounds), "the runs", "bench.packing",
-                            ["--out", str(out), "--seconds", str(seconds), "--rounds",
-                             str(rounds)], out, GUEST_TIMEOUT_S)
+    return real_kernel.main("bench.packing", __doc__, run_here, 30.0, 2.0, argv)
 
 
 if __name__ == "__main__":
