@@ -29,7 +29,7 @@ def settled_time(node: Node) -> float:
 
 
 @dataclass(frozen=True)
-class Curves:
+class NodeState:
     """The containers present on a node at one time, each on a grid of the shares it can
     have (up to what it can use: its threads), with its latency there and its target."""
 
@@ -39,12 +39,12 @@ class Curves:
     target: list[float]
 
 
-def curves_at(node: Node, curves: dict[str, Curve], at: float | None = None) -> Curves:
+def state_at(node: Node, curves: dict[str, Curve], at: float | None = None) -> NodeState:
     """The node's state at time `at` (default: once every event has passed)."""
     t = settled_time(node) if at is None else at
     present = [c for c in node.containers if c.present(t)]
     cores = [_GRID * min(c.threads, node.cpus) for c in present]
-    return Curves(node.cpus / (2 * max(len(present), 1)), cores,
+    return NodeState(node.cpus / (2 * max(len(present), 1)), cores,
                   [curves[c.model].latency(x) * c.load_at(t) for c, x in zip(present, cores,
                                                                               strict=True)],
                   [float(c.target_at(np.array([t]))[0]) for c in present])
@@ -61,7 +61,7 @@ def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
     counting the containers present; and all of it fits in the node's CPUs. Cheapest extra
     share over the floor first, lo_i - floor, negative for a need under the floor (optimal:
     each container counts one)."""
-    state = curves_at(node, curves, at)
+    state = state_at(node, curves, at)
     extras = []
     for cores, latency, target in zip(state.cores, state.latency, state.target, strict=True):
         ok = np.abs(target - latency) <= alpha * target
@@ -92,7 +92,7 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
     is the oracle's count, or above it by less than one (the bound relaxes counting whole
     containers). The noise comes after the controller's choice, so it bounds the mean |S|
     over any stretch of windows, whatever the controller does."""
-    state = curves_at(node, curves, at)
+    state = state_at(node, curves, at)
     if not state.target:
         return 0.0
     dual = _LAMBDAS * node.cpus

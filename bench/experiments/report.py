@@ -237,8 +237,8 @@ def _noise_section(scenarios: list[Scenario], noise: dict[str, dict[str, Any]],
              "expect in S in a window at this noise, under the oracle's rules (an upper "
              "bound: analysis.noisy_bound). Against it each policy's mean |S| over the "
              "phase's tail: the least, over phases, seeds and nodes, of that mean minus the "
-             "node's bound. The bound is not tight (it is the dual of a problem that is not "
-             "concave), so even the best controller stays some tenths of a container under it.",
+             "node's bound. The bound need not be reached (it is the dual of a problem that is "
+             "not concave): a gap of some tenths of a container need not be the controller's.",
              "", "| scenario | oracle (bound under noise) | " +
              " | ".join(f"{p} \\|S\\| by seed" for p in POLICY_NAMES) + " | " +
              " | ".join(f"{p}: worst node vs oracle" for p in POLICY_NAMES) +
