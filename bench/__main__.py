@@ -4,7 +4,8 @@
 
 Parts: "host" is what runs on this machine's CPU: the ring and the policy, and the kernel
 parts (sampling, applying, whole tick, daemon) over a fake cgroupfs tree on tmpfs. "kernel"
-is those kernel parts on a real cgroup v2 hierarchy with the cpu controller: on this host if
+is those kernel parts on a real cgroup v2 hierarchy with the cpu controller, and the cost
+of one cpu.max write against the hierarchy's size (hierarchy.py): on this host if
 it has one, else inside a qemu guest (`python3 -m lab.guest`), which runs `python3 -m
 bench --part kernel --json FILE` with FILE in a host directory it may write to. "docker" is
 Docker's tools against ours on the same containers (docker.py): always in a guest with
@@ -33,6 +34,7 @@ from bench import (
     applying,
     daemon_overhead,
     docker,
+    hierarchy,
     policy_loop,
     report,
     ring_bench,
@@ -61,11 +63,12 @@ class Sizes:
     docker_ns: tuple[int, ...]  # running containers
     docker_repeats: int
     docker_budget_s: float
+    hierarchy_ts: tuple[int, ...]  # cgroups with the cpu controller, on a real hierarchy
 
 
 FULL = Sizes((10, 100, 1000, 10000), (100, 1000, 5000, 10000), policy_loop.NS, 15, 3.0,
-             (100, 1000), 60.0, (10, 100), 5, 20.0)
-QUICK = Sizes((2, 5), (2,), (10, 100), 3, 0.1, (5,), 2.0, (2,), 3, 0.1)
+             (100, 1000), 60.0, (10, 100), 5, 20.0, (100, 1000, 3000, 10000))
+QUICK = Sizes((2, 5), (2,), (10, 100), 3, 0.1, (5,), 2.0, (2,), 3, 0.1, (2, 5))
 
 
 def cpu_model() -> str:
@@ -93,8 +96,11 @@ def describe_place(cgroups: Cgroups) -> str:
 
 
 def kernel_parts(sizes: Sizes, mount: Path | None) -> Results:
-    """Sampling, applying, tick and daemon on one set of cgroups: under `mount`, or a fake tree."""
+    """Sampling, applying, tick and daemon on one set of cgroups: under `mount`, or a fake
+    tree; under a real `mount`, first the cost of a write against the hierarchy's size."""
     res = Results()
+    if mount is not None:
+        res.add(hierarchy.run(mount, list(sizes.hierarchy_ts), sizes.repeats))
     n = max(*sizes.ns, *sizes.tick_ns, *sizes.daemon_ns)
     with Cgroups(n, mount) as cgroups:
         res.places[cgroups.where] = describe_place(cgroups)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import applying, docker, policy_loop, ring_bench, sampling, tick
+from bench import applying, docker, hierarchy, policy_loop, ring_bench, sampling, tick
 from bench.daemon_overhead import DaemonOverhead
 from bench.timing import NotMeasured, Row, fmt_time, ratio
 
@@ -234,6 +234,25 @@ def _per_n_section(res: Results, part: str, ratio_header: str) -> str:
                    _x(r, res.rows), str(r.repeats)])
 
 
+def _hierarchy_section(res: Results) -> str:
+    out = []
+    for where in res.places_of(hierarchy.PART):
+        ts = res.ns_of(hierarchy.PART, hierarchy.WRITE, where)
+        lines = []
+        for t in ts:
+            write, read = (res.find(hierarchy.PART, case, where, t)
+                           for case in (hierarchy.WRITE, hierarchy.READ))
+            first = res.find(hierarchy.PART, hierarchy.WRITE, where, ts[0])
+            assert write is not None and read is not None and first is not None
+            lines.append([f"{t:,}", fmt_time(write.median_s), _spread(write),
+                          f"{write.median_s / first.median_s:.3g}x", fmt_time(read.median_s),
+                          _spread(read)])
+        out += [f"**{where}**\n", _table(
+            ["T (cgroups with the cpu controller)", "one cpu.max write", "p10 - p90",
+             f"x at T={ts[0]:,}", "one cpu.stat read", "p10 - p90"], lines), ""]
+    return "\n".join(out) if out else "Not run (a real cgroup v2 hierarchy only).\n"
+
+
 def _ring_section(res: Results) -> str:
     return _per_place(
         res, ring_bench.PART, ["case", "median", "p10 - p90", "per second", "x its floor",
@@ -317,7 +336,14 @@ def sections(res: Results) -> list[tuple[str, str, str]]:
          "Every timed call changes all N limits (two quotas take turns), so each writes N "
          "files. The floor (bare `pwrite`s from C, nothing formatted) is the kernel's part: "
          "its ratio is the share of our time spent in the kernel.",
-         _per_n_section(res, applying.PART, "x ours")),
+         _per_n_section(res, applying.PART, "x ours") + "\n"
+         + "**The kernel's cost of one write against the hierarchy's size** (bench/"
+         "hierarchy.py). On every cpu.max write the kernel checks every task group's "
+         "bandwidth against its parent's (`__cfs_schedulable` walks the whole tree), so one "
+         "write costs O(T) with T the cgroups that have the cpu controller, and writing N "
+         "limits O(N·T), whoever writes them; a read has no walk. Bare system calls from C "
+         f"on up to {hierarchy.SAMPLED} of T cgroups made for the purpose, each T on its own.\n\n"
+         + _hierarchy_section(res)),
         ("3. The latency ring",
          "Per record (producers, drain) or per ring (a drain with nothing new); the ratio is "
          "over the floor beside it (a clock read, a Python call into C, a memory copy). The "

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import applying, docker, policy_loop, report, ring_bench, sampling, tick
+from bench import applying, docker, hierarchy, policy_loop, report, ring_bench, sampling, tick
 from bench.__main__ import main
 from bench.report import Results
 from bench.timing import FAKE, HOST, NotMeasured, Row, Stats
 
-KERNEL_PARTS = {sampling.PART, applying.PART, tick.PART}
+KERNEL_PARTS = {sampling.PART, applying.PART, tick.PART, hierarchy.PART}
 
 
 def _cases(res: Results, where: str) -> set[tuple[str, str]]:
