@@ -99,6 +99,7 @@ def check_targets(res: Results) -> list[Check]:
                 None if row is None else row.median_s < target,
                 what + ("" if row is None else "; CPU time, the slowest parts: "
                         + _slowest_parts(res, case, where, n))
+                + (_kernel_floor(res, where, n) if case == tick.WRITE_ALL else "")
                 + ("" if wall is None else f"; wall clock {fmt_time(wall.median_s)}")))
         checks.append(_flat_check(res, where))
     for where in res.places_of(ring_bench.PART):
@@ -155,6 +156,19 @@ def _slowest_parts(res: Results, case: str, where: str, n: int) -> str:
     return ", ".join(f"{r.case.split(', within')[0]} {fmt_time(r.median_s)}" for r in parts[:3])
 
 
+def _kernel_floor(res: Results, where: str, n: int) -> str:
+    """What the kernel's calls of a tick cost alone: bare reads of every cpu.stat and writes
+    of every cpu.max from C (sections 1 and 2), if both were measured at this N."""
+    floors = [res.find(part, case, where, n)
+              for part, case in ((sampling.PART, sampling.FLOOR), (applying.PART, applying.FLOOR))]
+    if any(f is None for f in floors):
+        return ""
+    read, write = (f.median_s for f in floors if f is not None)
+    return (f"; the kernel's floor alone, {n} bare reads of cpu.stat and {n} bare writes of "
+            f"cpu.max from C, each pass warm: {fmt_time(read)} + {fmt_time(write)} = "
+            f"{fmt_time(read + write)}")
+
+
 def _flat_check(res: Results, where: str) -> Check:
     """The per-container cost of a whole tick at the largest N against that at FLAT_FROM."""
     ns = res.ns_of(tick.PART, tick.WRITE_ALL, where)
@@ -165,9 +179,16 @@ def _flat_check(res: Results, where: str) -> Check:
     low, high = (res.find(tick.PART, tick.WRITE_ALL, where, n) for n in (FLAT_FROM, ns[-1]))
     assert low is not None and high is not None
     x = (high.median_s / ns[-1]) / (low.median_s / FLAT_FROM)
+    floors = [[res.find(tick.PART, floor, where, n) for floor in (tick.FLOOR_READ,
+                                                                  tick.FLOOR_WRITE)]
+              for n in (FLAT_FROM, ns[-1])]
+    floor = "" if any(None in f for f in floors) else (
+        "; the kernel's floor alone (bare reads and writes from C, warm): " + ", ".join(
+            f"{fmt_time(sum(r.median_s for r in f if r is not None) / n)} per container at "
+            f"N={n:,}" for f, n in zip(floors, (FLAT_FROM, ns[-1]), strict=True)))
     return Check(target, where, f"{x:.2f}x at N={ns[-1]:,}", x <= FLAT_WITHIN,
                  f"{fmt_time(low.median_s / FLAT_FROM)} per container at N={FLAT_FROM:,}, "
-                 f"{fmt_time(high.median_s / ns[-1])} at N={ns[-1]:,}")
+                 f"{fmt_time(high.median_s / ns[-1])} at N={ns[-1]:,}" + floor)
 
 
 def _docker_checks(res: Results) -> list[Check]:
@@ -274,6 +295,22 @@ def _profile_cells(res: Results, case: str, where: str, label: str) -> list[str]
     return cells
 
 
+def _floor_cells(res: Results, case: str, where: str, ns: list[int],
+                 wholes: list[Row | None]) -> list[str]:
+    """The kernel's floor of the tick's reads (and with all limits written, writes) per N:
+    bare system calls from C, each pass warm."""
+    floors = (tick.FLOOR_READ, tick.FLOOR_WRITE) if case == tick.WRITE_ALL else (tick.FLOOR_READ,)
+    cells = ["the kernel's floor alone: bare " + (
+        "reads and writes" if len(floors) == 2 else "reads") + " from C, warm"]
+    for n, whole in zip(ns, wholes, strict=True):
+        rows = [res.find(tick.PART, floor, where, n) for floor in floors]
+        seconds = sum(r.median_s for r in rows if r is not None)
+        cells.append("" if whole is None or None in rows else
+                     f"{fmt_time(seconds)} ({fmt_time(seconds / n)}, "
+                     f"{100 * seconds / whole.median_s:.0f}%)")
+    return cells
+
+
 def _profile_section(res: Results) -> str:
     """Where the time of a tick goes: each part's median over the same timed ticks, per N,
     and per container."""
@@ -289,6 +326,7 @@ def _profile_section(res: Results) -> str:
             lines.append(["whole tick (median)"] + [
                 "" if w is None else f"**{fmt_time(w.median_s)}** ({fmt_time(w.median_s / n)})"
                 for w, n in zip(wholes, ns, strict=True)])
+            lines.append(_floor_cells(res, case, where, ns, wholes))
             out += [f"**{where}: {case}** (per tick; in brackets per container and share of "
                     "the tick; the parts' medians need not add up to the whole's)\n",
                     _table(["part", *(f"N={n:,}" for n in ns)], lines), ""]

@@ -23,7 +23,8 @@ Python around them. A tick and its parts are timed in the thread's CPU time: wha
 the daemon, whatever else the machine runs (a tick that another process preempted took
 longer, not more); the wall-clock time of the same ticks is reported beside. Beside them:
 the read-back of every cpu.max, and the status line dqoesd builds after every tick
-(Controller.summary), on their own.
+(Controller.summary), on their own; and the kernel's floor of a tick at that N, bare reads of
+every cpu.stat and writes of every cpu.max from C, each pass warm.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from bench.cgroups import FDS_PER_CONTAINER, Cgroups, tmpfs_dir
 from bench.timing import MIN_REPEATS, NotMeasured, Row, measure, summarize
+from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 from dqoes_cg.config import Config
 from dqoes_cg.controller import Controller
 from dqoes_cg.policy import PolicyParams
@@ -61,6 +63,8 @@ SAMPLE, DRAIN, WINDOW, PRESSURE, POLICY, APPLY, READ_BACK = (
     "CgroupTable.read_back (C)")
 PARTS = (SAMPLE, DRAIN, WINDOW, PRESSURE, POLICY, APPLY, READ_BACK)
 REST = "Python around them (controller, fleet)"
+FLOOR_READ = "the kernel's floor: a bare pread of each cpu.stat from C"
+FLOOR_WRITE = "the kernel's floor: a bare pwrite of each cpu.max from C"
 PROFILED = (SENSE, WRITE_ALL)
 TARGET_S = 0.1
 LATENCIES_S = (0.05, 0.1, 0.2)  # beats, meets, misses TARGET_S
@@ -259,4 +263,9 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
                              (PART_READ_BACK, controller.fleet.table.read_back)):
                 rows.append(Row.of(PART, case, measure(fn, repeats=repeats, budget_s=budget_s),
                                    where=cgroups.where, n=n, per="call"))
+        rows += [Row.of(PART, case, cgroups.floor(dirs, mode, repeats), where=cgroups.where,
+                        n=n, per="tick", role="floor")
+                 for case, mode in ((FLOOR_READ, "read"), (FLOOR_WRITE, "write"))]
+        with CgroupTable(dirs) as table:
+            table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # unlimited again, as before the floor
     return rows
