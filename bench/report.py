@@ -88,7 +88,7 @@ def check_targets(res: Results) -> list[Check]:
     for where in res.places_of(tick.PART):
         for case, target, what in (
                 (tick.WRITE_ALL, TICK_TARGET_S,
-                 f"sample + drain + decide + all {n} cpu.max written"),
+                 "sample + drain + decide + every limit the round set written"),
                 (tick.SENSE, SENSE_TARGET_S, "sample + drain (most ticks)")):
             row = res.find(tick.PART, case, where, n)
             wall = res.find(tick.PART, case + tick.WALL, where, n)
@@ -97,7 +97,7 @@ def check_targets(res: Results) -> list[Check]:
                 f"{label} at N={n} < {fmt_time(target)}", where,
                 _missing(n) if row is None else fmt_time(row.median_s),
                 None if row is None else row.median_s < target,
-                what + ("" if row is None else "; CPU time, the slowest parts: "
+                what + ("" if row is None else f" ({row.note}); CPU time, the slowest parts: "
                         + _slowest_parts(res, case, where, n))
                 + (_kernel_floor(res, where, n) if case == tick.WRITE_ALL else "")
                 + ("" if wall is None else f"; wall clock {fmt_time(wall.median_s)}")))
@@ -158,9 +158,8 @@ def _slowest_parts(res: Results, case: str, where: str, n: int) -> str:
 
 def _kernel_floor(res: Results, where: str, n: int) -> str:
     """What the kernel's calls of a tick cost alone: bare reads of every cpu.stat and writes
-    of every cpu.max from C (sections 1 and 2), if both were measured at this N."""
-    floors = [res.find(part, case, where, n)
-              for part, case in ((sampling.PART, sampling.FLOOR), (applying.PART, applying.FLOOR))]
+    of every cpu.max from C, if both were measured at this N."""
+    floors = [res.find(tick.PART, case, where, n) for case in (tick.FLOOR_READ, tick.FLOOR_WRITE)]
     if any(f is None for f in floors):
         return ""
     read, write = (f.median_s for f in floors if f is not None)
@@ -295,19 +294,15 @@ def _profile_cells(res: Results, case: str, where: str, label: str) -> list[str]
     return cells
 
 
-def _floor_cells(res: Results, case: str, where: str, ns: list[int],
+def _floor_cells(res: Results, floor: str, where: str, ns: list[int],
                  wholes: list[Row | None]) -> list[str]:
-    """The kernel's floor of the tick's reads (and with all limits written, writes) per N:
-    bare system calls from C, each pass warm."""
-    floors = (tick.FLOOR_READ, tick.FLOOR_WRITE) if case == tick.WRITE_ALL else (tick.FLOOR_READ,)
-    cells = ["the kernel's floor alone: bare " + (
-        "reads and writes" if len(floors) == 2 else "reads") + " from C, warm"]
+    """One floor of the tick per N: bare system calls from C over all N files, warm."""
+    cells = [floor + ", warm"]
     for n, whole in zip(ns, wholes, strict=True):
-        rows = [res.find(tick.PART, floor, where, n) for floor in floors]
-        seconds = sum(r.median_s for r in rows if r is not None)
-        cells.append("" if whole is None or None in rows else
-                     f"{fmt_time(seconds)} ({fmt_time(seconds / n)}, "
-                     f"{100 * seconds / whole.median_s:.0f}%)")
+        row = res.find(tick.PART, floor, where, n)
+        cells.append("" if whole is None or row is None else
+                     f"{fmt_time(row.median_s)} ({fmt_time(row.median_s / n)}, "
+                     f"{100 * row.median_s / whole.median_s:.0f}%)")
     return cells
 
 
@@ -326,9 +321,12 @@ def _profile_section(res: Results) -> str:
             lines.append(["whole tick (median)"] + [
                 "" if w is None else f"**{fmt_time(w.median_s)}** ({fmt_time(w.median_s / n)})"
                 for w, n in zip(wholes, ns, strict=True)])
-            lines.append(_floor_cells(res, case, where, ns, wholes))
+            floors = (tick.FLOOR_READ, tick.FLOOR_WRITE) if case == tick.WRITE_ALL else (
+                tick.FLOOR_READ,)
+            lines += [_floor_cells(res, floor, where, ns, wholes) for floor in floors]
             out += [f"**{where}: {case}** (per tick; in brackets per container and share of "
-                    "the tick; the parts' medians need not add up to the whole's)\n",
+                    "the tick; the parts' medians need not add up to the whole's; the floors "
+                    "are bare calls over all N files, whatever the ticks wrote)\n",
                     _table(["part", *(f"N={n:,}" for n in ns)], lines), ""]
     return "\n".join(out) if out else "Not run.\n"
 
@@ -394,9 +392,13 @@ def sections(res: Results) -> list[tuple[str, str, str]]:
          "`Controller.tick` of the real controller; see bench/tick.py for the variants. A "
          "tick is timed in the thread's CPU time, what it costs the daemon; the \"(wall "
          "clock)\" rows give the same ticks' wall-clock time, which on a busy machine also "
-         "counts the time the process waited for a CPU. "
+         "counts the time the process waited for a CPU. On a real kernel the cgroups' "
+         "processes sleep, so the policy limits few of them or none, and \"all N cpu.max "
+         "written\" writes what each row's note says; the floor of writes says what all N "
+         "would cost the kernel. "
          "Then where the time of those ticks goes: the C calls and the policy, timed "
-         "within the same ticks, and the Python around them. Then dqoesd itself, managing "
+         "within the same ticks, and the Python around them, beside the kernel's floor: "
+         "bare calls from C over the same files. Then dqoesd itself, managing "
          "N containers for a minute (VmRSS counts the pages of the rings it has read, "
          "which are the producers' shared memory: RssShmem).",
          _per_n_section(res, tick.PART, "") + "\n" + _profile_section(res) + "\n"
