@@ -97,8 +97,8 @@ def check_targets(res: Results) -> list[Check]:
                 f"{label} at N={n} < {fmt_time(target)}", where,
                 _missing(n) if row is None else fmt_time(row.median_s),
                 None if row is None else row.median_s < target,
-                what + ("" if row is None else f" ({row.note}); CPU time, the slowest parts: "
-                        + _slowest_parts(res, case, where, n))
+                what + ("" if row is None else f" ({row.note}); CPU time: "
+                        + _kernel_and_ours(res, case, where, n))
                 + (_kernel_floor(res, where, n) if case == tick.WRITE_ALL else "")
                 + ("" if wall is None else f"; wall clock {fmt_time(wall.median_s)}")))
         checks.append(_flat_check(res, where))
@@ -148,12 +148,15 @@ def _speedup(res: Results, part: str, baseline: str, where: str, at_least: float
                  None if x is None else x >= at_least)
 
 
-def _slowest_parts(res: Results, case: str, where: str, n: int) -> str:
-    """The three parts of those ticks that took longest, for the verdict's detail."""
-    parts = [r for label in (*tick.PARTS, tick.REST)
-             if (r := res.find(tick.PART, tick.part_case(case, label), where, n)) is not None]
-    parts.sort(key=lambda r: -r.median_s)
-    return ", ".join(f"{r.case.split(', within')[0]} {fmt_time(r.median_s)}" for r in parts[:3])
+def _kernel_and_ours(res: Results, case: str, where: str, n: int) -> str:
+    """Those ticks' time in the C calls into the kernel against the rest, for the verdict."""
+    def spent(labels: tuple[str, ...]) -> float:
+        return sum(r.median_s for label in labels
+                   if (r := res.find(tick.PART, tick.part_case(case, label), where, n)))
+
+    return (f"the C calls into the kernel (sample, pressure, apply, read-back) "
+            f"{fmt_time(spent(tick.KERNEL_CALLS))}, the rest (rings, policy, Python) "
+            f"{fmt_time(spent(tick.OURS_ALONE))}")
 
 
 def _kernel_floor(res: Results, where: str, n: int) -> str:

@@ -63,6 +63,8 @@ SAMPLE, DRAIN, WINDOW, PRESSURE, POLICY, APPLY, READ_BACK = (
     "CgroupTable.read_back (C)")
 PARTS = (SAMPLE, DRAIN, WINDOW, PRESSURE, POLICY, APPLY, READ_BACK)
 REST = "Python around them (controller, fleet)"
+KERNEL_CALLS = (SAMPLE, PRESSURE, APPLY, READ_BACK)  # system calls, and our parsing around them
+OURS_ALONE = (DRAIN, WINDOW, POLICY, REST)  # memory and CPU, no system call
 FLOOR_READ = "the kernel's floor: a bare pread of each cpu.stat from C"
 FLOOR_WRITE = "the kernel's floor: a bare pwrite of each cpu.max from C"
 PROFILED = (SENSE, WRITE_ALL)
