@@ -66,7 +66,8 @@ class Sizes:
     hierarchy_ts: tuple[int, ...]  # cgroups with the cpu controller, on a real hierarchy
 
 
-FULL = Sizes((10, 100, 1000, 10000), (100, 1000, 5000, 10000), policy_loop.NS, 15, 3.0,
+# 4,000: the most a tick holds the descriptors of (four each) under a hard limit of 20,000
+FULL = Sizes((10, 100, 1000, 4000, 10000), (100, 1000, 4000, 10000), policy_loop.NS, 15, 3.0,
              (100, 1000), 60.0, (10, 100), 5, 20.0, (100, 1000, 3000, 10000))
 QUICK = Sizes((2, 5), (2,), (10, 100), 3, 0.1, (5,), 2.0, (2,), 3, 0.1, (2, 5))
 

@@ -67,7 +67,7 @@ class Cgroups:
     still open."""
 
     def __init__(self, n: int, mount: Path | None, processes: int = IDLE_PROCESSES) -> None:
-        self.fd_room = raise_fd_limit(FDS_PER_CGROUP * n, hard=True)
+        self.fd_room = raise_fd_limit(FDS_PER_CONTAINER * n, hard=True)
         self.fake = mount is None
         self.where = FAKE if self.fake else kernel_place()
         self._holder: subprocess.Popen[str] | None = None
