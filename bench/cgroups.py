@@ -21,6 +21,7 @@ from types import TracebackType
 
 from bench.timing import FAKE, Stats, kernel_place, summarize
 from dqoes_cg.cgtable import FDS_PER_CGROUP, raise_fd_limit
+from dqoes_cg.controller import FD_RESERVE
 from lab.cgroups import remove_cgroup_tree
 from lab.fakecg import make_cgroup
 
@@ -28,7 +29,7 @@ IDLE_PROCESSES = 1000
 FLOOR_SRC = Path(__file__).with_name("cgroup_floor.c")
 FDS_PER_CONTAINER = FDS_PER_CGROUP + 1
 """What the tick holds per container: one more, its ring (a probe holds none). The limit
-is raised for that many, where it may be."""
+is raised for that many and the controller's reserve, where it may be."""
 
 # Forks the idle processes (a bare interpreter forks fast, even on an emulated CPU), prints
 # their pids, and on SIGTERM kills and reaps them before it exits.
@@ -67,7 +68,7 @@ class Cgroups:
     still open."""
 
     def __init__(self, n: int, mount: Path | None, processes: int = IDLE_PROCESSES) -> None:
-        self.fd_room = raise_fd_limit(FDS_PER_CONTAINER * n, hard=True)
+        self.fd_room = raise_fd_limit(FDS_PER_CONTAINER * n + FD_RESERVE, hard=True)
         self.fake = mount is None
         self.where = FAKE if self.fake else kernel_place()
         self._holder: subprocess.Popen[str] | None = None

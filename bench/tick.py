@@ -42,7 +42,7 @@ from bench.cgroups import FDS_PER_CONTAINER, Cgroups, tmpfs_dir
 from bench.timing import MIN_REPEATS, NotMeasured, Row, measure, summarize
 from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 from dqoes_cg.config import Config
-from dqoes_cg.controller import Controller
+from dqoes_cg.controller import FD_RESERVE, Controller
 from dqoes_cg.policy import PolicyParams
 from dqoes_cg.probe import Probe
 from dqoes_cg.ring import ring_dir_name, ring_path
@@ -207,12 +207,12 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
         ) -> list[Row | NotMeasured]:
     rows: list[Row | NotMeasured] = []
     for n in ns:
-        if FDS_PER_CONTAINER * n > cgroups.fd_room:
+        if FDS_PER_CONTAINER * n + FD_RESERVE > cgroups.fd_room:
             rows.append(NotMeasured(
                 PART, f"a whole tick at N={n:,} on {cgroups.where}",
                 f"needs {FDS_PER_CONTAINER * n:,} open files (cpu.stat, cpu.max, cpu.pressure "
-                f"and the ring "
-                f"of each container); the limit here leaves {cgroups.fd_room:,}",
+                f"and the ring of each container) and the controller's reserve of "
+                f"{FD_RESERVE}; the limit here leaves {cgroups.fd_room:,}",
                 "the other place's figures at this N"))
             continue
         dirs = cgroups.dirs[:n]
