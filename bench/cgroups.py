@@ -115,7 +115,8 @@ class Cgroups:
 
     def floor(self, dirs: list[Path], mode: str, passes: int) -> Stats:
         """Seconds of one pass of bare system calls over the dirs' cpu.stat ("read") or
-        cpu.max ("write"), from C, nothing parsed or formatted: the kernel's part."""
+        cpu.max ("write", or "check-write": a read, then a write), from C, nothing parsed or
+        formatted: the kernel's part."""
         if self._floor is None:
             self._floor = Path(tempfile.mkdtemp(prefix="dqoes-bench-floor-")) / "cgroup_floor"
             subprocess.run([shutil.which("gcc") or "cc", "-O2", "-std=c11", str(FLOOR_SRC),

@@ -160,14 +160,14 @@ def _kernel_and_ours(res: Results, case: str, where: str, n: int) -> str:
 
 
 def _kernel_floor(res: Results, where: str, n: int) -> str:
-    """What the kernel's calls of a tick cost alone: bare reads of every cpu.stat and writes
-    of every cpu.max from C, if both were measured at this N."""
+    """What the kernel's calls of a tick cost alone: bare reads of every cpu.stat, and reads
+    and writes of every cpu.max, from C, if both were measured at this N."""
     floors = [res.find(tick.PART, case, where, n) for case in (tick.FLOOR_READ, tick.FLOOR_WRITE)]
     if any(f is None for f in floors):
         return ""
     read, write = (f.median_s for f in floors if f is not None)
-    return (f"; the kernel's floor alone, {n} bare reads of cpu.stat and {n} bare writes of "
-            f"cpu.max from C, each pass warm: {fmt_time(read)} + {fmt_time(write)} = "
+    return (f"; the kernel's floor alone, from C, each pass warm: {n} bare reads of cpu.stat "
+            f"{fmt_time(read)} + {n} reads and writes of cpu.max {fmt_time(write)} = "
             f"{fmt_time(read + write)}")
 
 
@@ -373,8 +373,11 @@ def sections(res: Results) -> list[tuple[str, str, str]]:
          _per_n_section(res, sampling.PART, "x ours")),
         ("2. Applying N limits to cpu.max",
          "Every timed call changes all N limits (two quotas take turns), so each writes N "
-         "files. The floor (bare `pwrite`s from C, nothing formatted) is the kernel's part: "
-         "its ratio is the share of our time spent in the kernel.",
+         "files. Before it writes over a limit of ours, `CgroupTable.apply` reads the value "
+         "in place, to catch someone else's (a foreign write that the reconcile would not "
+         "see once ours replaced it); the Python baselines do not. The floor (a bare `pread` "
+         "and `pwrite` of each cpu.max from C, nothing parsed or formatted) is the kernel's "
+         "part: its ratio is the share of our time spent in the kernel.",
          _per_n_section(res, applying.PART, "x ours") + "\n"
          + "**The kernel's cost of one write against the hierarchy's size** (bench/"
          "hierarchy.py). On every cpu.max write the kernel checks every task group's "

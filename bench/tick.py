@@ -23,8 +23,9 @@ Python around them. A tick and its parts are timed in the thread's CPU time: wha
 the daemon, whatever else the machine runs (a tick that another process preempted took
 longer, not more); the wall-clock time of the same ticks is reported beside. Beside them:
 the read-back of every cpu.max, and the status line dqoesd builds after every tick
-(Controller.summary), on their own; and the kernel's floor of a tick at that N, bare reads of
-every cpu.stat and writes of every cpu.max from C, each pass warm.
+(Controller.summary), on their own; and the kernel's floor of a tick at that N from C, each
+pass warm: bare reads of every cpu.stat, and a read and a write of every cpu.max (what apply
+asks of the kernel for each limit it changes).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ REST = "Python around them (controller, fleet)"
 KERNEL_CALLS = (SAMPLE, PRESSURE, APPLY, READ_BACK)  # system calls, and our parsing around them
 OURS_ALONE = (DRAIN, WINDOW, POLICY, REST)  # memory and CPU, no system call
 FLOOR_READ = "the kernel's floor: a bare pread of each cpu.stat from C"
-FLOOR_WRITE = "the kernel's floor: a bare pwrite of each cpu.max from C"
+FLOOR_WRITE = "the kernel's floor: a bare pread, then pwrite of each cpu.max from C"
 PROFILED = (SENSE, WRITE_ALL)
 TARGET_S = 0.1
 LATENCIES_S = (0.05, 0.1, 0.2)  # beats, meets, misses TARGET_S
@@ -267,7 +268,7 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
                                    where=cgroups.where, n=n, per="call"))
         rows += [Row.of(PART, case, cgroups.floor(dirs, mode, repeats), where=cgroups.where,
                         n=n, per="tick", role="floor")
-                 for case, mode in ((FLOOR_READ, "read"), (FLOOR_WRITE, "write"))]
+                 for case, mode in ((FLOOR_READ, "read"), (FLOOR_WRITE, "check-write"))]
         with CgroupTable(dirs) as table:
             table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # unlimited again, as before the floor
     return rows
