@@ -20,7 +20,13 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.timing import FAKE, Stats, kernel_place, summarize
-from dqoes_cg.cgtable import FDS_PER_CGROUP, raise_fd_limit
+from dqoes_cg.cgtable import (
+    DEFAULT_PERIOD_USEC,
+    FDS_PER_CGROUP,
+    MAX_QUOTA,
+    CgroupTable,
+    raise_fd_limit,
+)
 from dqoes_cg.controller import FD_RESERVE
 from lab.cgroups import remove_cgroup_tree
 from lab.fakecg import make_cgroup
@@ -116,7 +122,7 @@ class Cgroups:
     def floor(self, dirs: list[Path], mode: str, passes: int) -> Stats:
         """Seconds of one pass of bare system calls over the dirs' cpu.stat ("read") or
         cpu.max ("write", or "check-write": a read, then a write), from C, nothing parsed or
-        formatted: the kernel's part."""
+        formatted: the kernel's part. A cpu.max written is left unlimited."""
         if self._floor is None:
             self._floor = Path(tempfile.mkdtemp(prefix="dqoes-bench-floor-")) / "cgroup_floor"
             subprocess.run([shutil.which("gcc") or "cc", "-O2", "-std=c11", str(FLOOR_SRC),
@@ -124,6 +130,9 @@ class Cgroups:
         out = subprocess.run([str(self._floor), mode, str(passes + 1)],
                              input="".join(f"{d}\n" for d in dirs), capture_output=True,
                              text=True, check=True).stdout
+        if mode != "read":
+            with CgroupTable(dirs) as table:
+                table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # unlimited again, as before
         return summarize([float(s) for s in out.split()[1:]])  # the first pass warms up
 
     def describe(self) -> str:

@@ -159,13 +159,19 @@ def _kernel_and_ours(res: Results, case: str, where: str, n: int) -> str:
             f"{fmt_time(spent(tick.OURS_ALONE))}")
 
 
+def _tick_floor(res: Results, where: str, n: int) -> tuple[float, float] | None:
+    """The kernel's floor of a tick at N, from C, warm: (reading every cpu.stat, reading and
+    writing every cpu.max), if both were measured."""
+    read, write = (res.find(tick.PART, case, where, n)
+                   for case in (tick.FLOOR_READ, tick.FLOOR_WRITE))
+    return None if read is None or write is None else (read.median_s, write.median_s)
+
+
 def _kernel_floor(res: Results, where: str, n: int) -> str:
-    """What the kernel's calls of a tick cost alone: bare reads of every cpu.stat, and reads
-    and writes of every cpu.max, from C, if both were measured at this N."""
-    floors = [res.find(tick.PART, case, where, n) for case in (tick.FLOOR_READ, tick.FLOOR_WRITE)]
-    if any(f is None for f in floors):
+    floor = _tick_floor(res, where, n)
+    if floor is None:
         return ""
-    read, write = (f.median_s for f in floors if f is not None)
+    read, write = floor
     return (f"; the kernel's floor alone, from C, each pass warm: {n} bare reads of cpu.stat "
             f"{fmt_time(read)} + {n} reads and writes of cpu.max {fmt_time(write)} = "
             f"{fmt_time(read + write)}")
@@ -181,13 +187,10 @@ def _flat_check(res: Results, where: str) -> Check:
     low, high = (res.find(tick.PART, tick.WRITE_ALL, where, n) for n in (FLAT_FROM, ns[-1]))
     assert low is not None and high is not None
     x = (high.median_s / ns[-1]) / (low.median_s / FLAT_FROM)
-    floors = [[res.find(tick.PART, floor, where, n) for floor in (tick.FLOOR_READ,
-                                                                  tick.FLOOR_WRITE)]
-              for n in (FLAT_FROM, ns[-1])]
-    floor = "" if any(None in f for f in floors) else (
+    floors = [(n, _tick_floor(res, where, n)) for n in (FLAT_FROM, ns[-1])]
+    floor = "" if any(f is None for _, f in floors) else (
         "; the kernel's floor alone (bare reads and writes from C, warm): " + ", ".join(
-            f"{fmt_time(sum(r.median_s for r in f if r is not None) / n)} per container at "
-            f"N={n:,}" for f, n in zip(floors, (FLAT_FROM, ns[-1]), strict=True)))
+            f"{fmt_time(sum(f) / n)} per container at N={n:,}" for n, f in floors if f))
     return Check(target, where, f"{x:.2f}x at N={ns[-1]:,}", x <= FLAT_WITHIN,
                  f"{fmt_time(low.median_s / FLAT_FROM)} per container at N={FLAT_FROM:,}, "
                  f"{fmt_time(high.median_s / ns[-1])} at N={ns[-1]:,}" + floor)

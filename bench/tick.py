@@ -41,7 +41,6 @@ from pathlib import Path
 
 from bench.cgroups import FDS_PER_CONTAINER, Cgroups, tmpfs_dir
 from bench.timing import MIN_REPEATS, NotMeasured, Row, measure, summarize
-from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 from dqoes_cg.config import Config
 from dqoes_cg.controller import FD_RESERVE, Controller
 from dqoes_cg.policy import PolicyParams
@@ -269,6 +268,4 @@ def run(cgroups: Cgroups, ns: list[int], repeats: int, budget_s: float,
         rows += [Row.of(PART, case, cgroups.floor(dirs, mode, repeats), where=cgroups.where,
                         n=n, per="tick", role="floor")
                  for case, mode in ((FLOOR_READ, "read"), (FLOOR_WRITE, "check-write"))]
-        with CgroupTable(dirs) as table:
-            table.apply(MAX_QUOTA, DEFAULT_PERIOD_USEC)  # unlimited again, as before the floor
     return rows
