@@ -66,6 +66,7 @@ class Fleet:
         self.measured = np.full(n, np.nan)
         self.usage = np.zeros(n)
         self.samples = np.zeros(n, np.int64)
+        self.rate = np.full(n, np.nan)  # requests per second
         self.classes = np.full(n, Cls.IDLE, np.int8)
         self.score = np.full(n, np.nan)
         self.window_start = np.full(n, now)
@@ -102,7 +103,8 @@ class Fleet:
         self._skipped = np.zeros(n, bool)
         self._everyone = np.ones(n, bool)
         self.obs = Observation(target=self.target_s, measured=self.measured, usage=self.usage,
-                               limit=limit, waited=self.waited, training=self.training,
+                               limit=limit, waited=self.waited, rate=self.rate,
+                               training=self.training,
                                classes=self.classes,
                                eval_prev=self.eval_prev, eval_prev_at=self.eval_prev_at,
                                eval_last=self.eval_last, eval_last_at=self.eval_last_at)
@@ -120,7 +122,7 @@ class Fleet:
         if previous is not None:
             new, old = carry_index(self.names, previous.names)
             self.carried[new] = old
-            for attr in ("measured", "usage", "samples", "classes", "score", "window_start",
+            for attr in ("measured", "usage", "samples", "rate", "classes", "score", "window_start",
                          "usage_at_window", "waited_at_window", "pressure_at_window",
                          "pressure_wanted",
                          "tick_cores", "throttled_ratio", "evaluation", "evaluated_at"):
@@ -164,7 +166,7 @@ class Fleet:
 
     def observe_window(self, now: float) -> Observation:
         """Close the decision window: each container's latency statistic, request count
-        and CPU usage share over it, and each training job's interval of reports."""
+        and rate, and CPU usage share over it, and each training job's interval of reports."""
         w = self.rings.take_window()
         np.take(self.rings.stats.ravel(), self.metric_index, out=self.measured)
         if self._any_training:
@@ -174,6 +176,7 @@ class Fleet:
         np.subtract(self.table.usage_usec, self.usage_at_window, out=self._u)
         np.subtract(now, self.window_start, out=self._g)
         np.fmax(self._g, 1e-3, out=self._g)
+        np.divide(self.samples, self._g, out=self.rate)
         np.multiply(self._g, 1e6 * self.cpus, out=self._g)
         np.divide(self._u, self._g, out=self.usage)
         np.copyto(self.usage_at_window, self.table.usage_usec)

@@ -26,6 +26,7 @@ from .base import (
     BETA,
     IV_INITIAL_S,
     IV_MAX_S,
+    RHO_MAX,
     T_R,
     Cls,
     Decision,
@@ -59,6 +60,6 @@ def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
 
 
 __all__ = ["ALPHA", "BETA", "DEFAULT_POLICY", "IV_INITIAL_S", "IV_MAX_S", "POLICIES",
-           "TRAINING_POLICY", "T_R", "Admit", "Cls", "DQoES", "Decision", "FloatArray",
+           "RHO_MAX", "TRAINING_POLICY", "T_R", "Admit", "Cls", "DQoES", "Decision", "FloatArray",
            "FlowCon", "IndexArray", "Int8Array", "Mixed", "Observation", "Policy",
            "PolicyParams", "classify", "make_policy"]

@@ -34,6 +34,12 @@ IV_INITIAL_S = 10.0  # the paper's initial listener interval
 # scenario is still far from converged after 3000 s, at 20 s it reaches 7 of the 8 possible
 # (bench/experiments, sensitivity table).
 IV_MAX_S = 20.0
+# The most of its cap an open-loop service (requests arriving at their own pace, queueing) is
+# held at: past it, its mean latency rises as 1/(1 - rho), so a few percent more work or a
+# burst of arrivals would take it far out of its band (the knee of its queueing curve). A
+# service held there, faster than its target, holds no CPU it could safely give back: it
+# counts as satisfied (the evaluation's oracle counts it the same way).
+RHO_MAX = 0.75
 
 
 class Cls(IntEnum):
@@ -64,6 +70,9 @@ class Observation:
     #                                  of T_R like usage; NaN: unknown; +inf: not read, as
     #                                  the last Decision.pressure asked (count it as having
     #                                  waited); None: not measured
+    rate: FloatArray | None = None  # requests completed per second over the window (NaN:
+    #                                unknown); None: not measured. With usage it gives the
+    #                                CPU of one request, usage / rate
     # Training jobs. None (the default): every slot is an inference service.
     training: BoolArray | None = None  # the slot is a training job (its target and
     #                                    measured are NaN)
