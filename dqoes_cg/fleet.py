@@ -104,7 +104,7 @@ class Fleet:
         self._everyone = np.ones(n, bool)
         self.obs = Observation(target=self.target_s, measured=self.measured, usage=self.usage,
                                limit=limit, waited=self.waited, rate=self.rate,
-                               training=self.training,
+                               cpus=cpus, training=self.training,
                                classes=self.classes,
                                eval_prev=self.eval_prev, eval_prev_at=self.eval_prev_at,
                                eval_last=self.eval_last, eval_last_at=self.eval_last_at)

@@ -11,32 +11,68 @@ Work per request
 ----------------
 A worker serving requests back to back at a share c of the budget takes p = w / c, so its
 usage times its latency, w_i = r_i · p_i, is the same at any share (at any cap, and whatever
-CFS gave it), and the share at which it meets its target is w_i / o_i. Each window's value
-is smoothed in logs:
+CFS gave it), and the share at which it meets its target is w_i / o_i. An open-loop service
+(requests arriving at their own pace, lambda_i per second) is not one: at a low load it is
+faster than its target and idle between requests, so r_i · p_i is far under the work of a
+request. Its work per request is measured directly, s_i = r_i / lambda_i (usage over the
+window's request rate), and its latency at a cap c follows from a queue (below). Which one a
+container is, the window tells by Little's law: rate x latency is the mean number of
+requests in the container, as many as its threads for a back-to-back worker, under
+OPEN_CONCURRENCY only for a service that sat idle; so are one under its cap with idle CPU
+around that does not use a whole number of CPUs (not its threads' limit, its arrivals'),
+and one whose queue grows at its cap. Once seen, a container stays an open-loop service.
+Each window's value (w_i or s_i) is smoothed in logs:
 
-    d_i  = log(r_i p_i) - lw_i
+    d_i  = log(work_i) - nu - lw_i
     lw_i += g_i · d_i        v_i = (1 - g_i) v_i + g_i · d_i²        g_i = max(1/k_i, GAIN)
 
 with k_i the windows since lw_i was last set: the running mean of the windows since then,
-an exponential average once there are 1/GAIN of them. A deviation |d_i| > max(JUMP_Z √v_i,
-JUMP_MIN) is an outlier, and the window is left out; two in a row on the same side are a
-change of load (work per request doubling, a host slowing down), not noise, and lw_i is set
-to the new value at once (k_i = 1). A single outlier is typically the window right after
-the container's cap changed, whose first requests ran partly at the old cap. √v_i is the
-measured scatter of the container's log latency: its noise.
+an exponential average once there are 1/GAIN of them. nu is the node's speed: every request
+of a node costs more at once when its CPUs slow down (frequency, a noisy neighbour, the
+host of a virtual machine), so the median deviation of the containers followed (NODE_MIN or
+more) moves nu, not each lw_i, and its change from window to window is the node's own
+scatter: a slow-down scales every need, the admitted set and each container's scatter
+stay. A deviation |d_i| > max(JUMP_Z √v_i, JUMP_MIN) is an outlier, and the window is left
+out; two in a row on the same side are a change of load (work per request doubling), not
+noise, and lw_i is set to the new value at once (k_i = 1). A single outlier is typically
+the window right after the container's cap changed, whose first requests ran partly at the
+old cap. √v_i is the measured scatter of the container's log work: its noise.
+
+The queue
+---------
+An open-loop service served one request at a time at its cap c (one CPU at most) is busy a
+fraction rho = lambda s / c, and its mean latency is x (1 + K rho / (1 - rho)) with x = s / c
+(Pollaczek-Khinchine; K = (1 + cv²) / 2: 1/2 for requests of constant work, 1 for M/M/1).
+K_i is measured in every window where the service was capped and busy 15-95% of the time
+(the latency statistic, the kernel's periods and the arrivals' burstiness all go into it),
+QUEUE_PRIOR until then. The share at which the latency is L is s over the root of (K - 1)
+lambda x² + (1 + lambda L) x - L = 0; with lambda = 0 it is s / L, a back-to-back worker's.
+Where its queue grows at its cap, the arrivals are OVERLOAD times the throughput (they come
+faster than it serves them), found again once its cap serves them.
 
 Where in the band
 -----------------
-S is the band p in [o(1 - alpha), o(1 + alpha)], the shares [w/(o(1+alpha)), w/(o(1-alpha))].
-A container is aimed inside it by a margin mu_i = clip(MARGIN_Z √v_i, MARGIN_MIN, atanh
-alpha) of log latency from the slow edge (atanh alpha is half the band's width in logs):
+S is the band p in [o(1 - alpha), o(1 + alpha)]. A container is aimed inside it by a margin
+mu_i = clip(MARGIN_Z √(v_i + v_nu), MARGIN_MIN, atanh alpha) of log work, its own scatter and
+the node's from one window to the next:
 
-    lean_i  = (w_i/o_i) e^mu_i / (1 + alpha)       the least share, mu_i from the slow edge
-    comfy_i = (w_i/o_i) / √(1 - alpha²)            the middle of the band
+    lean_i  = share at which work_i e^mu_i meets o_i (1 + alpha)    the least share
+    comfy_i = share at which work_i meets o_i √(1 - alpha²)          the middle of the band
+              (open loop: o_i (1 - alpha) e^mu_i, its fast edge)
 
-On a quiet host mu is small, and a container admitted at its lean share costs 10% less than
-at the middle: that is what lets the last container in when CPU is scarce. The noisier the
-measurements, the nearer the middle; at a scatter of alpha/2 and more, the middle itself.
+(for a back-to-back worker (w_i/o_i) e^mu_i / (1 + alpha) and (w_i/o_i) / √(1 - alpha²)). On a
+quiet host mu is small, and a container admitted at its lean share costs 10% less than at
+the middle: that is what lets the last container in when CPU is scarce. The noisier the
+measurements, the nearer the middle; at a scatter of alpha/2 and more, the middle itself. An
+open-loop service's window latency scatters by tens of percent with its queue's chance
+(fewer the faster it is served), so its spare goes towards its band's fast edge, the most
+it may hold in S.
+
+The knee: an open-loop service is never aimed busier than RHO_MAX of its cap (lean_i is at
+least lambda work e^mu / RHO_MAX), where its latency rises as 1/(1 - rho) and a few percent
+more work or arrivals take it far out of its band; held there, faster than its band, it
+holds nothing it could give back and is classed S. And none is capped busier than
+RHO_FLOOR: its base b_i = max(f, lambda work e^mu / RHO_FLOOR) replaces the floor below.
 
 The usable maximum
 ------------------
@@ -45,10 +81,11 @@ than (1 - SLACK) of its cap (the budget if unlimited), where the CPU it left was
 (at most twice the node's idle CPU, so that CFS did not give it to others) and it waited
 for a CPU through at most half of what it left (its tasks' time runnable but not running:
 cpu.pressure, where the loop measures it), has shown the most it can use:
-m_i = r_i. One that uses more than its m_i raises it. Unknown: T_R. The pressure tells a
-worker at its maximum from one that could run more but waited: on a real node the
-scheduler does not always place a task where the idle CPU is (a worker sharing a CPU with
-throttled neighbours), and CPU used outside the containers is not idle.
+m_i = r_i (a back-to-back worker's threads; an open-loop service's idle CPU is its
+arrivals', not a maximum). One that uses more than its m_i raises it. Unknown: T_R. The
+pressure tells a worker at its maximum from one that could run more but waited: on a real
+node the scheduler does not always place a task where the idle CPU is (a worker sharing a
+CPU with throttled neighbours), and CPU used outside the containers is not idle.
 
 Only that rule reads the pressure, so the loop measures it (a system call per container)
 only where the decision asks for it (Decision.pressure): the services that used less than
@@ -66,9 +103,11 @@ starved. A container in S is held at its need instead, under the floor if that i
 band is: it is not starved there (it meets its target) and what it gives back of its floor
 goes to the others. The evaluation's oracles count the same: each S container at the lower
 edge of its band, every other at the floor. Container i can be in S when its band meets the
-shares it can have, lean_i <= m_i; its cost is what it needs beyond its floor, c_i = lean_i
-- f, negative when its need is under the floor (it frees budget). With the budget E = T_R -
-n_known f - (what the idle slots hold), the admitted set A is the longest run of the
+shares it can have, lean_i <= m_i; its cost is what it needs beyond its base (its floor,
+or what its arrivals need), c_i = lean_i - b_i, negative when its need is under the base
+(it frees budget). With the budget E = T_R - Σ_known b_i - (what the idle slots hold; if the
+bases do not fit in it, each keeps f and the same fraction of what it asks beyond f), the
+admitted set A is the longest run of the
 cheapest whose costs fit, Σ_A c_i <= E (the negative costs first, all of them: they only
 free budget): when each container counts one, cheapest first is optimal. In the order (not
 the sum), a container admitted last round counts its cost INCUMBENT (10% of its size) lower,
@@ -79,8 +118,8 @@ Allocation: caps are guarantees
 -------------------------------
     i in A:          L_i = lean_i + theta (t_i - lean_i)   t_i = min(comfy_i, m_i)
                                                         theta = min(1, R / Σ_A (t_i - lean_i))
-    i known, not A:  L_i = f + min(h_i, lambda)         h_i = min(max(comfy_i, f),
-                                                                  m_i (1 + PROBE), T_R) - f
+    i known, not A:  L_i = b_i + min(h_i, lambda)       h_i = min(max(comfy_i, b_i),
+                                                                  m_i (1 + PROBE), T_R) - b_i
                      lambda: Σ min(h_i, lambda) = what A left of R (max h_i if all fits)
     idle:            L_i unchanged
 
@@ -142,8 +181,10 @@ from .base import (
     ALPHA,
     IV_INITIAL_S,
     IV_MAX_S,
+    RHO_MAX,
     T_R,
     BoolArray,
+    Cls,
     Decision,
     FloatArray,
     IndexArray,
@@ -163,6 +204,16 @@ SLACK = 0.10  # using less than 90% of its cap: the container cannot use more
 WANT_PRESSURE = 1.0 - SLACK / 2  # its pressure is read if it used less than this of its cap
 PROBE = 0.15  # a container held at its usable maximum m gets m (1 + PROBE)
 INCUMBENT = 0.10  # an admitted container's cost counts 10% less in the admission order
+OPEN_CONCURRENCY = 0.8  # fewer requests in flight on average (rate x latency): open loop
+QUEUE_GROWTH = (2.0, 1.25)  # ... or more than 2 in flight, 1.25 times as many as a window ago
+OVERLOAD = 1.5  # arrivals of a service whose queue grows at its cap: its throughput times this
+THREADS_TOL = 0.10  # a worker at its threads' limit: in flight = CPUs used (a whole number)
+NODE_MIN = 3  # the node's speed is followed from this many containers' work on
+QUEUE_PRIOR = 1.0  # K of an open-loop service before it is measured (M/M/1's)
+QUEUE_RANGE = (0.25, 8.0)  # the values of K believed
+QUEUE_GAIN = 0.2  # the least smoothing gain of log K (the gain of log work if more)
+QUEUE_RHO = (0.15, 0.95)  # K is measured in windows whose busy fraction is in this range
+RHO_FLOOR = 0.95  # an open-loop service is never capped above this busy fraction
 _TIE = 1e-12  # per slot, so that equal costs are admitted in slot order
 
 
@@ -170,17 +221,23 @@ _TIE = 1e-12  # per slot, so that equal costs are admitted in slot order
 class Memory:
     """What the policy keeps per container from round to round."""
 
-    log_work: FloatArray  # lw_i, log of work per request (share-seconds); NaN: not yet known
+    log_work: FloatArray  # lw_i, log of work per request (share-seconds) at the node's
+    #                       usual speed; NaN: not yet known
     log_var: FloatArray  # v_i, the scatter of log work per request, squared
     samples: FloatArray  # k_i, windows since lw_i was last set outright
     outlier: FloatArray  # the sign of the last window's deviation if it was an outlier, else 0
     usable: FloatArray  # m_i, the most it was seen able to use; NaN: not known
     admitted: BoolArray  # in A last round
+    open: BoolArray  # seen idle between requests: an open-loop service
+    arrivals: FloatArray  # lambda_i, its arrival rate (requests/s) in its last window
+    in_flight: FloatArray  # its mean number of requests in flight in its last window
+    log_queue: FloatArray  # log K_i, its queueing factor (open loop); NaN: not measured
 
     @classmethod
     def sized(cls, n: int) -> Memory:
         return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n),
-                   np.full(n, np.nan), np.zeros(n, bool))
+                   np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n),
+                   np.full(n, np.nan), np.full(n, np.nan))
 
     def carried(self, n: int, carried: IndexArray | None) -> Memory:
         """The memory of n new slots: slot i takes what old slot carried[i] had (-1: new)."""
@@ -197,19 +254,34 @@ class Memory:
 
 
 @dataclass(slots=True)
+class NodeSpeed:
+    """The node's speed as its containers' work per request shows it, in logs: nu, the offset
+    of every container's work from its usual value, and the scatter of its change from one
+    window to the next, squared."""
+
+    log_speed: float = 0.0
+    log_var: float = 0.0
+
+
+@dataclass(slots=True)
 class Scratch:
     """Per-round arrays, allocated once per membership."""
 
     x: FloatArray  # temporaries
     y: FloatArray
+    z: FloatArray
     d: FloatArray  # d_i
     gain: FloatArray  # g_i
     bound: FloatArray  # the deviation beyond which load changed
     cap: FloatArray  # the limit in force, T_R where unlimited
     work: FloatArray
     margin: FloatArray
+    aim: FloatArray  # a latency aimed at
+    lam: FloatArray  # the arrival rate of open-loop services, 0 for back-to-back workers
     lean: FloatArray
     comfy: FloatArray
+    knee: FloatArray  # an open-loop service's share at RHO_MAX
+    base: FloatArray  # what each known container keeps at least: the floor, or its arrivals
     usable: FloatArray  # m_i, T_R where unknown
     cost: FloatArray
     top: FloatArray
@@ -228,8 +300,10 @@ class Scratch:
     jump: BoolArray
     smooth: BoolArray
     slack: BoolArray
+    under: BoolArray  # used less than its cap could give it, and not for lack of CPU
     admissible: BoolArray
     admitted: BoolArray
+    at_knee: BoolArray  # held at RHO_MAX, under its band's share
     other: BoolArray
     mask: BoolArray
 
@@ -261,17 +335,47 @@ def water_level(head: FloatArray, total: float, s: Scratch) -> float:
     return float((total - (cums[j - 1] if j else 0.0)) / (n - j))
 
 
-def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> None:
-    """This window's work per request and usable maximum into the memory."""
+def median_into(values: FloatArray, mask: BoolArray, s: Scratch) -> float:
+    """The median of values[mask] (at least one), through s.sorted."""
+    k = int(np.count_nonzero(mask))
+    s.sorted.fill(math.inf)
+    np.putmask(s.sorted, mask, values)
+    s.sorted.sort()
+    return 0.5 * float(s.sorted[(k - 1) // 2] + s.sorted[k // 2])
+
+
+def learn_into(obs: Observation, valid: BoolArray, mem: Memory, node: NodeSpeed,
+               s: Scratch) -> None:
+    """This window's kind of service, work per request, the node's speed, usable maximum and
+    queueing factor into the memory."""
     est, fresh, jump, smooth, x, d, gain = s.est, s.fresh, s.jump, s.smooth, s.x, s.d, s.gain
+    usage = obs.usage
     # est: a window that says something about the work: valid, latency and usage > 0.
-    np.multiply(obs.usage, obs.measured, out=x)
+    np.multiply(usage, obs.measured, out=x)  # r_i p_i: a back-to-back worker's work
     np.greater(x, 0.0, out=est)
     np.logical_and(est, valid, out=est)
-    np.log(x, out=x, where=est)  # log(r_i p_i)
     np.isnan(mem.log_work, out=fresh)
+    np.copyto(s.cap, obs.limit)
+    np.putmask(s.cap, np.isnan(s.cap, out=s.mask), T_R)
+    under_into(obs, est, s)
+    if obs.rate is not None:
+        open_loop_into(obs, est, fresh, mem, s)
     np.logical_and(fresh, est, out=fresh)
+    np.log(x, out=x, where=est)  # log of this window's work per request
+
+    # The node's speed: the median deviation of the containers followed moves all of them
+    # (a slower CPU makes every request cost more at once); each keeps its own scatter.
     np.subtract(x, mem.log_work, out=d)
+    np.subtract(d, node.log_speed, out=d)
+    np.logical_not(fresh, out=s.mask)
+    np.logical_and(s.mask, est, out=s.mask)
+    if np.count_nonzero(s.mask) >= NODE_MIN:
+        delta = median_into(d, s.mask, s)
+        node.log_speed += delta
+        node.log_var += GAIN * (delta * delta - node.log_var)
+        np.subtract(d, delta, out=d)
+    np.subtract(x, node.log_speed, out=x)  # the work at the node's usual speed
+
     np.sqrt(mem.log_var, out=s.bound)
     np.multiply(s.bound, JUMP_Z, out=s.bound)
     np.maximum(s.bound, JUMP_MIN, out=s.bound)
@@ -279,6 +383,7 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     outlier = s.outlier
     np.greater(s.y, s.bound, out=outlier)  # NaN (fresh) compares false
     np.logical_and(outlier, est, out=outlier)
+    np.logical_and(outlier, np.logical_not(fresh, out=s.mask), out=outlier)
     np.sign(d, out=s.y)
     np.equal(s.y, mem.outlier, out=jump)  # the second in a row on the same side
     np.logical_and(jump, outlier, out=jump)
@@ -303,51 +408,196 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, s: Scratch) -> N
     np.add(mem.log_var, d, out=mem.log_var, where=smooth)
     np.putmask(mem.log_var, fresh, 0.0)
 
-    # Usable maximum: it used less than (1 - SLACK) of its cap, and at least half of what
-    # it left was idle CPU (else CFS gave it to others: an unlimited newcomer, say).
-    slack, usage, cap = s.slack, obs.usage, s.cap
+    if obs.rate is not None:
+        queue_into(obs, est, mem, s)
+    usable_into(obs, est, mem, s)
+
+
+def open_loop_into(obs: Observation, est: BoolArray, fresh: BoolArray, mem: Memory,
+                   s: Scratch) -> None:
+    """Which containers are open-loop services, their arrival rates, and this window's work
+    of theirs into s.x (usage / rate) where they have one. By Little's law rate x latency is
+    the mean number of requests in a container; a back-to-back worker always has as many as
+    it has threads in service. Under OPEN_CONCURRENCY the service sat idle between requests;
+    past QUEUE_GROWTH and growing at its cap, requests queue faster than it serves them:
+    either way they arrive at their own pace. Fresh also marks the newly open: their work
+    is counted in other terms from now on."""
+    x, in_flight, newly, growing = s.x, s.y, s.jump, s.slack
+    np.multiply(obs.rate, obs.measured, out=in_flight)
+    np.multiply(s.cap, 1.0 - SLACK, out=s.z)
+    np.greater_equal(obs.usage, s.z, out=growing)  # at its cap ...
+    np.multiply(mem.in_flight, QUEUE_GROWTH[1], out=s.z)
+    np.logical_and(growing, np.greater(in_flight, s.z, out=s.mask), out=growing)
+    np.greater(in_flight, QUEUE_GROWTH[0], out=s.mask)
+    np.logical_and(growing, s.mask, out=growing)  # ... and its queue grows
+    np.less(in_flight, OPEN_CONCURRENCY, out=newly)  # NaN compares false
+    np.logical_or(newly, growing, out=newly)
+    if obs.cpus is not None:  # ... or under its cap with idle CPU, and not for its threads
+        np.multiply(obs.usage, obs.cpus, out=s.z)  # the CPUs it used
+        np.greater_equal(s.z, 1.0 - THREADS_TOL, out=s.mask)
+        np.subtract(in_flight, s.z, out=s.z)
+        np.abs(s.z, out=s.z)
+        np.multiply(in_flight, THREADS_TOL, out=s.d)
+        np.less_equal(s.z, s.d, out=s.outlier)
+        np.logical_and(s.mask, s.outlier, out=s.mask)  # threads busy, none queued
+        np.logical_not(s.mask, out=s.mask)
+        np.logical_and(s.mask, s.under, out=s.mask)
+        np.logical_or(newly, s.mask, out=newly)
+    np.logical_and(newly, est, out=newly)
+    np.logical_and(newly, np.logical_not(mem.open, out=s.mask), out=newly)
+    np.logical_or(fresh, newly, out=fresh)
+    np.logical_or(mem.open, newly, out=mem.open)
+    np.putmask(mem.in_flight, est, in_flight)
+    # Arrivals: the throughput, and more where the queue grows (they come faster).
+    np.logical_and(mem.open, est, out=s.mask)
+    np.greater(obs.rate, 0.0, out=newly)
+    np.logical_and(s.mask, newly, out=s.mask)
+    np.putmask(mem.arrivals, s.mask, obs.rate)
+    np.logical_and(growing, s.mask, out=growing)
+    np.multiply(mem.arrivals, OVERLOAD, out=s.z)
+    np.putmask(mem.arrivals, growing, s.z)
+    np.divide(obs.usage, obs.rate, out=x, where=s.mask)
+
+
+def queue_into(obs: Observation, est: BoolArray, mem: Memory, s: Scratch) -> None:
+    """K_i of each open-loop service whose window says it: capped (its cap, or one CPU if
+    less, is the rate it is served at while busy: it serves a request at a time) and busy a
+    fraction rho of it in QUEUE_RHO. Uses s.d. Its latency there is
+    the service time x = work / cap times 1 + K rho / (1 - rho) (Pollaczek-Khinchine: K =
+    (1 + cv²) / 2, 1/2 for a constant work, 1 for M/M/1; the latency statistic, the
+    kernel's periods and the arrivals' own burstiness all go into the measured K)."""
+    rho, q, ok, busy = s.y, s.z, s.mask, s.d
+    np.copyto(busy, s.cap)
+    if obs.cpus:  # one request at a time: served at one CPU at most
+        np.minimum(busy, 1.0 / obs.cpus, out=busy)
+    np.divide(obs.usage, busy, out=rho)
+    np.greater_equal(rho, QUEUE_RHO[0], out=ok)
+    np.logical_and(ok, np.less_equal(rho, QUEUE_RHO[1], out=s.slack), out=ok)
+    np.logical_and(ok, np.isfinite(obs.limit, out=s.slack), out=ok)
+    np.logical_and(ok, mem.open, out=ok)
+    np.logical_and(ok, est, out=ok)
+    # latency / x = p busy rate / usage; K = (that - 1) (1 - rho) / rho
+    np.multiply(obs.measured, obs.rate, out=q)
+    np.multiply(q, busy, out=q)
+    np.divide(q, obs.usage, out=q, where=ok)
+    np.subtract(q, 1.0, out=q)
+    np.subtract(1.0, rho, out=s.x)
+    np.multiply(q, s.x, out=q)
+    np.divide(q, rho, out=q, where=ok)
+    np.clip(q, *QUEUE_RANGE, out=q)
+    np.log(q, out=q, where=ok)
+    np.isnan(mem.log_queue, out=s.slack)  # its first measurement: taken as it is
+    np.logical_and(s.slack, ok, out=s.slack)
+    np.putmask(mem.log_queue, s.slack, q)
+    np.subtract(q, mem.log_queue, out=q)
+    np.maximum(s.gain, QUEUE_GAIN, out=s.x)
+    np.multiply(q, s.x, out=q)
+    np.add(mem.log_queue, q, out=mem.log_queue, where=ok)
+
+
+def under_into(obs: Observation, est: BoolArray, s: Scratch) -> None:
+    """s.under: used less than (1 - SLACK) of its cap (the budget if unlimited), and at
+    least half of what it left was idle CPU (else CFS gave it to others: an unlimited
+    newcomer, say), and it did not wait for a CPU through most of it. What held it back was
+    its own: its threads (a back-to-back worker) or its arrivals (an open-loop service).
+    Uses s.y and s.z."""
+    under, usage, cap, x = s.under, obs.usage, s.cap, s.z
     idle = T_R - masked_sum(usage, np.isfinite(usage, out=s.mask), x)
-    np.copyto(cap, obs.limit)
-    np.putmask(cap, np.isnan(cap, out=s.mask), T_R)
     np.multiply(cap, 1.0 - SLACK, out=x)
-    np.less(usage, x, out=slack)
+    np.less(usage, x, out=under)
     np.subtract(cap, usage, out=x)  # what it left of its cap
     np.less_equal(x, 2.0 * idle, out=s.mask)
-    np.logical_and(slack, s.mask, out=slack)
+    np.logical_and(under, s.mask, out=under)
     if obs.waited is not None:  # ... and it did not wait for a CPU through most of it
         np.multiply(obs.waited, 2.0, out=s.y)
         np.greater(s.y, x, out=s.mask)  # NaN (unknown) compares false
         np.logical_not(s.mask, out=s.mask)
-        np.logical_and(slack, s.mask, out=slack)
-    np.logical_and(slack, est, out=slack)
+        np.logical_and(under, s.mask, out=under)
+    np.logical_and(under, est, out=under)
+
+
+def usable_into(obs: Observation, est: BoolArray, mem: Memory, s: Scratch) -> None:
+    """m_i: a back-to-back worker under its cap (s.under) cannot use more than it used; one
+    that uses more than its m_i raises it."""
+    slack, usage = s.slack, obs.usage
+    np.logical_not(mem.open, out=slack)
+    np.logical_and(slack, s.under, out=slack)
     np.putmask(mem.usable, slack, usage)
     np.greater(usage, mem.usable, out=s.mask)  # NaN (unknown) compares false
     np.logical_and(s.mask, est, out=s.mask)
     np.putmask(mem.usable, s.mask, usage)
 
 
+def service_time_into(out: FloatArray, latency: FloatArray, s: Scratch) -> None:
+    """The service time x at which a server with arrivals s.lam and queueing factor s.z (K)
+    has the mean latency L = `latency`: x (1 + K rho / (1 - rho)) = L with rho = lam x, the
+    root in (0, 1/lam) of (K - 1) lam x² + (1 + lam L) x - L = 0, written so that it holds
+    at K = 1 and lam = 0 too (x = L: a back-to-back worker); uses s.x and s.y."""
+    lam_l = s.y
+    np.multiply(s.lam, latency, out=lam_l)
+    np.subtract(s.z, 1.0, out=out)
+    np.multiply(out, lam_l, out=out)
+    np.multiply(out, 4.0, out=out)  # 4 (K - 1) lam L
+    np.add(lam_l, 1.0, out=lam_l)
+    np.square(lam_l, out=s.x)
+    np.add(out, s.x, out=out)
+    np.sqrt(out, out=out)
+    np.add(out, lam_l, out=out)  # (1 + lam L) + sqrt((1 + lam L)² + 4 (K - 1) lam L)
+    np.divide(latency, out, out=out)
+    np.multiply(out, 2.0, out=out)
+
+
 def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
-                s: Scratch) -> None:
-    """lean, comfy, usable and cost of every known slot: s.known (valid, with a
+                node: NodeSpeed, s: Scratch) -> None:
+    """lean, comfy, knee, base, usable and cost of every known slot: s.known (valid, with a
     positive target) and with an estimate of its work."""
-    known = s.known
+    known, margin = s.known, s.margin
     np.isfinite(mem.log_work, out=s.mask)
     np.logical_and(known, s.mask, out=known)
-    np.exp(mem.log_work, out=s.work, where=known)
-    np.sqrt(mem.log_var, out=s.margin)
-    np.multiply(s.margin, MARGIN_Z, out=s.margin)
-    np.maximum(s.margin, MARGIN_MIN, out=s.margin)
-    np.minimum(s.margin, math.atanh(alpha), out=s.margin)
-    np.divide(s.work, target, out=s.comfy, where=known)  # w/o, then each aim
-    np.exp(s.margin, out=s.x)
-    np.multiply(s.comfy, s.x, out=s.lean)
-    np.multiply(s.lean, 1.0 / (1.0 + alpha), out=s.lean)
-    np.multiply(s.comfy, 1.0 / math.sqrt(1.0 - alpha * alpha), out=s.comfy)
+    np.add(mem.log_work, node.log_speed, out=s.work)
+    np.exp(s.work, out=s.work, where=known)  # at the node's present speed
+    # mu: the container's own scatter and the node's from one window to the next.
+    np.add(mem.log_var, node.log_var, out=margin)
+    np.sqrt(margin, out=margin)
+    np.multiply(margin, MARGIN_Z, out=margin)
+    np.maximum(margin, MARGIN_MIN, out=margin)
+    np.minimum(margin, math.atanh(alpha), out=margin)
+    np.exp(margin, out=margin)  # e^mu from here on
+    # An open-loop service's arrivals; none for a back-to-back worker, whose x is then L.
+    s.lam.fill(0.0)
+    np.putmask(s.lam, mem.open, mem.arrivals)
+    np.exp(mem.log_queue, out=s.z)
+    np.putmask(s.z, np.isnan(s.z, out=s.mask), QUEUE_PRIOR)
+    # lean: the least share at which the work, mu above its estimate, meets the slow edge.
+    np.multiply(target, 1.0 + alpha, out=s.aim)
+    service_time_into(s.lean, s.aim, s)
+    np.multiply(s.work, margin, out=s.top)  # the work with its margin
+    np.divide(s.top, s.lean, out=s.lean, where=known)
+    # comfy: for the estimate itself, the middle of the band (in logs) for a back-to-back
+    # worker; for an open-loop service its fast edge, the most it may hold in S: a window's
+    # mean latency scatters by tens of percent with the queue's chance, much less the
+    # faster it is served.
+    np.multiply(target, math.sqrt(1.0 - alpha * alpha), out=s.aim)
+    np.multiply(target, 1.0 - alpha, out=s.x)
+    np.multiply(s.x, margin, out=s.x)
+    np.putmask(s.aim, mem.open, s.x)
+    service_time_into(s.comfy, s.aim, s)
+    np.divide(s.work, s.comfy, out=s.comfy, where=known)
+    # knee: an open-loop service is never held busier than RHO_MAX of its cap, nor its base
+    # (what it keeps unadmitted) busier than RHO_FLOOR: a few percent more work or arrivals
+    # there take its queue far past its target.
+    np.multiply(s.top, s.lam, out=s.knee)  # the CPU its arrivals need, with the margin
+    np.multiply(s.knee, 1.0 / RHO_FLOOR, out=s.base)
+    np.maximum(s.base, floor, out=s.base)
+    np.multiply(s.knee, 1.0 / RHO_MAX, out=s.knee)
+    np.greater(s.knee, s.lean, out=s.at_knee)
+    np.maximum(s.lean, s.knee, out=s.lean)
+    np.maximum(s.comfy, s.lean, out=s.comfy)
     np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
-    # An admitted container is held at its need (lean), under the floor if that is where its
-    # band is: its cost beyond the floor, lean - f, is negative there (it frees budget).
+    # An admitted container is held at its need (lean), under its base if that is where its
+    # band is: its cost beyond the base, lean - base, is negative there (it frees budget).
     # admissible: lean ≤ m.
-    np.subtract(s.lean, floor, out=s.cost)
+    np.subtract(s.lean, s.base, out=s.cost)
     adm = s.admissible
     np.less_equal(s.lean, s.usable, out=adm)
     np.logical_and(adm, known, out=adm)
@@ -370,7 +620,7 @@ def admit_into(budget: float, mem: Memory, s: Scratch) -> float:
     np.copyto(keys.imag, s.cost, where=adm)
     keys.sort()  # by key, then cost: the admission order, with each one's cost
     np.cumsum(keys.imag, out=s.cums)
-    # The negative costs (needs under the floor) come first: the running sum falls, then
+    # The negative costs (needs under the base) come first: the running sum falls, then
     # rises; its running maximum is what the longest run that fits is searched in.
     np.maximum.accumulate(s.cums, out=s.cums)
     k = int(np.searchsorted(s.cums, budget * (1.0 + 1e-12) + 1e-15, side="right")) if n else 0
@@ -384,9 +634,9 @@ def admit_into(budget: float, mem: Memory, s: Scratch) -> float:
     return budget - masked_sum(s.cost, admitted, s.y)
 
 
-def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) -> None:
+def allocate_into(limit_out: FloatArray, left: float, s: Scratch) -> None:
     """Limits of the known slots (others untouched in limit_out): the admitted from their
-    lean share towards the middle of the band, the rest by water level over the floor."""
+    lean share towards the middle of the band, the rest by water level over their base."""
     adm, other = s.admitted, s.other
     # Admitted: lean + θ (top - lean).
     np.minimum(s.comfy, s.usable, out=s.top)
@@ -401,17 +651,32 @@ def allocate_into(limit_out: FloatArray, floor: float, left: float, s: Scratch) 
     # The others known: up to their comfortable share, their usable maximum (probed) or T_R.
     np.logical_not(adm, out=other)
     np.logical_and(other, s.known, out=other)
-    np.maximum(s.comfy, floor, out=s.top)
+    np.maximum(s.comfy, s.base, out=s.top)
     np.multiply(s.usable, 1.0 + PROBE, out=s.x)
     np.minimum(s.top, s.x, out=s.top)
     np.minimum(s.top, T_R, out=s.top)
-    np.subtract(s.top, floor, out=s.head)
+    np.subtract(s.top, s.base, out=s.head)
     np.maximum(s.head, 0.0, out=s.head)
     np.putmask(s.head, np.logical_not(other, out=s.mask), 0.0)
     level = water_level(s.head, left, s)
     np.minimum(s.head, level, out=s.x)
-    np.add(s.x, floor, out=s.x)
+    np.add(s.x, s.base, out=s.x)
     np.putmask(limit_out, other, s.x)
+
+
+def fit_bases(room: float, floor: float, s: Scratch) -> None:
+    """Bases of the known slots that add up to at most `room` (the budget less what the idle
+    slots hold): where open-loop services' arrivals ask for more than that, each keeps the
+    floor and the same fraction of what it asks beyond it (the node is overloaded: none of
+    them can be held at its arrivals anyway)."""
+    np.subtract(s.base, floor, out=s.x)
+    beyond = masked_sum(s.x, s.known, s.y)
+    n_known = int(np.count_nonzero(s.known))
+    spare = room - n_known * floor
+    if beyond > 0.0 and beyond > spare:
+        np.multiply(s.x, max(spare, 0.0) / beyond, out=s.x)
+        np.add(s.x, floor, out=s.base)
+        np.subtract(s.lean, s.base, out=s.cost)
 
 
 def pressure_wanted(obs: Observation, d: Decision, s: Scratch) -> None:
@@ -438,6 +703,7 @@ class Admit:
         self.alpha = alpha
         self.listener = Listener(iv_initial, iv_max)
         self._mem = Memory.sized(0)
+        self._node = NodeSpeed()
         self.resize(0)
 
     @classmethod
@@ -468,23 +734,28 @@ class Admit:
                 raise ValueError(f"observation arrays must have shape ({n},), got {a.shape}")
         totals = classify_into(obs.target, obs.measured, obs.usage, alpha=self.alpha, ws=ws,
                                classes_out=d.classes)
-        learn_into(obs, ws.valid, mem, s)
+        learn_into(obs, ws.valid, mem, self._node, s)
         floor = T_R / (2 * n) if n else 0.0
         np.greater(obs.target, 0.0, out=s.known)
         np.logical_and(s.known, ws.valid, out=s.known)
-        shares_into(obs.target, self.alpha, floor, mem, s)
+        shares_into(obs.target, self.alpha, floor, mem, self._node, s)
         # What the unknown (idle) slots hold: their limit, else their usage, at least f.
         held = s.held
         np.copyto(held, obs.limit)
         np.putmask(held, np.isnan(held, out=s.mask), obs.usage)
         np.fmax(held, floor, out=held)
         np.putmask(held, s.known, 0.0)
-        n_known = int(np.count_nonzero(s.known))
-        budget = max(T_R - n_known * floor - float(held.sum()), 0.0)
+        room = T_R - float(held.sum())
+        fit_bases(room, floor, s)
+        budget = max(room - masked_sum(s.base, s.known, s.x), 0.0)
         left = admit_into(budget, mem, s)
         np.copyto(d.limits, obs.limit)
-        allocate_into(d.limits, floor, left, s)
+        allocate_into(d.limits, left, s)
         np.copyto(mem.admitted, s.admitted)
+        # A service held at its knee, faster than its band, holds nothing it could give back.
+        np.logical_and(s.at_knee, s.admitted, out=s.mask)
+        np.logical_and(s.mask, ws.g, out=s.mask)
+        np.putmask(d.classes, s.mask, np.int8(Cls.S))
         pressure_wanted(obs, d, s)
         self.listener.observe(totals.q_g, totals.q_b, totals.satisfied)
         self.listener.schedule(now)

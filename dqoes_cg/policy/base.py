@@ -73,6 +73,7 @@ class Observation:
     rate: FloatArray | None = None  # requests completed per second over the window (NaN:
     #                                unknown); None: not measured. With usage it gives the
     #                                CPU of one request, usage / rate
+    cpus: float | None = None  # the CPUs that T_R stands for; None: not known
     # Training jobs. None (the default): every slot is an inference service.
     training: BoolArray | None = None  # the slot is a training job (its target and
     #                                    measured are NaN)
