@@ -2,7 +2,8 @@
 
     apply(limits)     limits (fractions of the budget T_R; NaN: leave alone) become cpu.max
                       quotas, quota = max(1 ms, L·T_R·period) per period, written in one C
-                      call where they changed; before the first write to a cgroup its
+                      call where they moved by more than DEAD_BAND (moved_into); before
+                      the first write to a cgroup its
                       cpu.max is saved in the state (the journal), and a cgroup whose
                       original could not be saved is not written
     reconcile(now)    every reconcile interval, one C call reads every cpu.max back; a limit
@@ -35,12 +36,19 @@ import numpy as np
 
 from .cgtable import LEAVE_ALONE, PERIOD_UNKNOWN, CgroupTable, Status
 from .fleet import carry_index
+from .policy.base import T_R
 from .state import StateError
 from .systemd_units import UnitLimiter, UnitQuotas
 
 log = logging.getLogger(__name__)
 
 MIN_QUOTA_USEC = 1_000
+# A limit within this fraction of the one in force is not written: on a real kernel every
+# cpu.max write walks every task group (bench/hierarchy.py: 5.9 us with 100 cgroups, 311 us
+# with 10,000), and a container's measurements move its computed limit by a percent or two
+# from window to window without a change of need. Chosen by its effect on |S|: see
+# bench/experiments, "The dead band".
+DEAD_BAND = 0.02
 FIGHT_WRITES = 3
 FIGHT_WINDOW_S = 60.0
 BACKOFF_S = 60.0
@@ -67,6 +75,26 @@ def parse_cpu_max(text: str) -> tuple[int, int]:
 
 def format_cpu_max(quota: int, period: int) -> str:
     return f"{'max' if quota < 0 else quota} {period}"
+
+
+def moved_into(out: np.ndarray, limits: np.ndarray, in_force: np.ndarray, band: float,
+               delta: np.ndarray, scratch: np.ndarray) -> None:
+    """out: the finite `limits` worth writing over `in_force` (NaN: none of ours): new ones,
+    and those that moved by more than `band` of the limit in force. If leaving the others
+    in force would take the sum of caps past the budget T_R, every decrease is written too:
+    caps that add up to at most the budget are guarantees. Allocates nothing."""
+    np.subtract(limits, in_force, out=delta)
+    np.abs(delta, out=delta)
+    np.divide(delta, in_force, out=delta)
+    np.greater(delta, band, out=out)  # NaN (none in force, or no limit) compares false
+    np.logical_or(out, np.isnan(in_force, out=scratch), out=out)
+    np.logical_and(out, np.isfinite(limits, out=scratch), out=out)
+    np.copyto(delta, in_force)
+    np.putmask(delta, out, limits)
+    np.nan_to_num(delta, copy=False)
+    if float(delta.sum()) > T_R * (1.0 + 1e-9):
+        np.less(limits, in_force, out=scratch)
+        np.logical_or(out, scratch, out=out)
 
 
 class Actuator:
@@ -100,6 +128,8 @@ class Actuator:
         self._mask = np.zeros(n, bool)
         self._first = np.zeros(n, bool)
         self._unsaved = np.zeros(n, bool)
+        self._moved = np.zeros(n, bool)
+        self._delta = np.zeros(n)
 
         table.read_back()
         if previous is not None:
@@ -131,9 +161,11 @@ class Actuator:
     # --- apply -------------------------------------------------------------------------
 
     def apply(self, limits: np.ndarray, now: float) -> None:
-        """Write `limits` (fractions of T_R; NaN: leave alone) where they changed."""
+        """Write `limits` (fractions of T_R; NaN: leave alone) where they moved by more
+        than DEAD_BAND."""
         self._resume_expired(now)
-        mask = self._request(limits, None)
+        moved_into(self._moved, limits, self.limit, DEAD_BAND, self._delta, self._unsaved)
+        mask = self._request(limits, self._moved)
         if not self._journal_first_writes():
             return
         self._write(now)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dqoes_cg import api
-from dqoes_cg.actuator import BACKOFF_S
+from dqoes_cg.actuator import BACKOFF_S, DEAD_BAND, moved_into
 from dqoes_cg.cgtable import Status
 from dqoes_cg.config import Config
 from dqoes_cg.control import Peer, RequestError
@@ -31,6 +31,7 @@ from dqoes_cg.targets import TargetError
 from lab.fakecg import make_cgroup, write
 
 ORIGINAL = "150000 100000"
+NAN = math.nan
 
 
 class FixedPolicy:
@@ -426,3 +427,38 @@ def test_requests_cost_does_not_grow_with_the_number_of_targets(tmp_path: Path) 
     assert len(c.fleet) == len(names)
     c.shutdown()
     assert StateStore(tmp_path / "state").load().keys() == set(names)
+
+
+def test_a_limit_that_moved_less_than_the_dead_band_is_not_written(any_host: Host) -> None:
+    # 0.25 of 2 CPUs, then 1% more (inside the band: left as it is, and the policy sees the
+    # limit in force), then 5% more (written).
+    host = any_host
+    a, _ = _names(host)
+    c = host.controller()
+    c.set_target(a, 0.1, "mean", False)
+    c.tick(time.monotonic())
+    c.tick(time.monotonic())
+    assert _cpu_max(host.a) == "50000 100000"
+    host.policy.limit = 0.25 * (1 + DEAD_BAND / 2)
+    c.tick(time.monotonic())
+    assert _cpu_max(host.a) == "50000 100000"
+    assert c.actuator.limit[0] == 0.25
+    host.policy.limit = 0.25 * (1 + 2 * DEAD_BAND)
+    c.tick(time.monotonic())
+    assert _cpu_max(host.a) == f"{round(50000 * (1 + 2 * DEAD_BAND))} 100000"
+    c.shutdown()
+
+
+@pytest.mark.parametrize(("limits", "in_force", "written"), [
+    ([0.3, 0.2, 0.101], [NAN, 0.2, 0.1], [True, False, False]),  # new; unchanged; +1%
+    ([0.3, 0.19, 0.11], [0.3, 0.2, 0.1], [False, True, True]),  # -5% and +10%: moved
+    ([0.4, 0.396, NAN], [0.4, 0.4, 0.2], [False, False, False]),  # NaN: leave alone
+    # Leaving 0.35 in force beside the raise to 0.32 would take the caps past the budget:
+    # the decrease within the band is written too.
+    ([0.32, 0.345, 0.335], [0.3, 0.35, 0.35], [True, True, True]),
+], ids=["new and small moves", "moves past the band", "leave alone", "budget kept"])
+def test_moved_limits(limits: list[float], in_force: list[float], written: list[bool]) -> None:
+    out = np.zeros(len(limits), bool)
+    moved_into(out, np.array(limits), np.array(in_force), DEAD_BAND,
+               np.zeros(len(limits)), np.zeros(len(limits), bool))
+    assert out.tolist() == written
