@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from bench import applying, docker, hierarchy, policy_loop, report, ring_bench, sampling, tick
+from bench import (
+    applying,
+    dead_band,
+    docker,
+    hierarchy,
+    policy_loop,
+    report,
+    ring_bench,
+    sampling,
+    tick,
+)
 from bench.__main__ import main
 from bench.report import Results
 from bench.timing import FAKE, HOST, NotMeasured, Row, Stats
@@ -118,3 +128,12 @@ def test_quick_kernel_part_on_a_real_cgroup(cgroup2_mount: Path, tmp_path: Path)
     assert all(r.median_s > 0 for r in res.rows if r.role != "part")
     assert len(res.daemon) == 1 and res.daemon[0].ticks >= 1
     assert not list(cgroup2_mount.glob("dqoes-bench-*"))  # the benchmark cgroups are gone
+
+
+def test_the_dead_band_writes_fewer_limits_for_the_same_s() -> None:
+    # A steady node of 200 containers: the band cuts the writes of every decision by more
+    # than half, and |S| by less than 3% (bench/results/dead_band.md has the full run).
+    every = dead_band.run(200, 0.0, 24, drift=0.0)
+    banded = dead_band.run(200, dead_band.DEAD_BAND, 24, drift=0.0)
+    assert banded["writes_per_decision"] < 0.5 * every["writes_per_decision"]
+    assert banded["satisfied"] >= 0.97 * every["satisfied"]

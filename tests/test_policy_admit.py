@@ -576,3 +576,19 @@ def test_decide_with_rates_allocates_no_arrays():
     o.rate = rng.uniform(0.1, 20.0, n)
     o.waited = rng.uniform(0.0, 1.0 / n, n)
     assert_decides_without_allocating(policy(n), o)
+
+
+def test_a_worker_taken_for_an_open_loop_service_by_one_noisy_window_is_one_again():
+    node = Queues([0.15, 0.2, 0.3], [1.0, 1.0, 2.0], [None, None, None])
+    pol = policy(3)
+    node.rounds(pol, 3)
+    need = node.limit.copy()
+    o = node.observe()
+    o.measured[0] *= 0.7  # 0.7 requests in flight: as if it sat idle
+    pol.decide(o, 10.0)
+    pol.reset()
+    assert pol._mem.open.tolist() == [True, False, False]
+    np.copyto(node.limit, pol._decision.limits)
+    assert node.rounds(pol, 3)[-1] == 3
+    assert not pol._mem.open.any()
+    assert node.limit == pytest.approx(need, rel=0.02)

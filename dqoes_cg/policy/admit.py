@@ -20,7 +20,9 @@ container is, the window tells by Little's law: rate x latency is the mean numbe
 requests in the container, as many as its threads for a back-to-back worker, under
 OPEN_CONCURRENCY only for a service that sat idle; so are one under its cap with idle CPU
 around that does not use a whole number of CPUs (not its threads' limit, its arrivals'),
-and one whose queue grows at its cap. Once seen, a container stays an open-loop service.
+and one whose queue grows at its cap. Once seen, a container stays an open-loop service
+until it looks back-to-back (at its cap, a whole number of requests in flight, none
+queueing) CLOSED_WINDOWS windows in a row: one window's noise may make a worker look open.
 Each window's value (w_i or s_i) is smoothed in logs:
 
     d_i  = log(work_i) - nu - lw_i
@@ -47,8 +49,9 @@ K_i is measured in every window where the service was capped and busy 15-95% of 
 (the latency statistic, the kernel's periods and the arrivals' burstiness all go into it),
 QUEUE_PRIOR until then. The share at which the latency is L is s over the root of (K - 1)
 lambda x² + (1 + lambda L) x - L = 0; with lambda = 0 it is s / L, a back-to-back worker's.
-Where its queue grows at its cap, the arrivals are OVERLOAD times the throughput (they come
-faster than it serves them), found again once its cap serves them.
+Where its queue grows at its cap, its own need counts OVERLOAD times the throughput as its
+arrivals (they come faster than it serves them; its base, below, does not), found again once
+its cap serves them.
 
 Where in the band
 -----------------
@@ -205,6 +208,7 @@ WANT_PRESSURE = 1.0 - SLACK / 2  # its pressure is read if it used less than thi
 PROBE = 0.15  # a container held at its usable maximum m gets m (1 + PROBE)
 INCUMBENT = 0.10  # an admitted container's cost counts 10% less in the admission order
 OPEN_CONCURRENCY = 0.8  # fewer requests in flight on average (rate x latency): open loop
+CLOSED_WINDOWS = 2  # an open-loop service that looks back-to-back this many windows in a row
 QUEUE_GROWTH = (2.0, 1.25)  # ... or more than 2 in flight, 1.25 times as many as a window ago
 OVERLOAD = 1.5  # arrivals of a service whose queue grows at its cap: its throughput times this
 THREADS_TOL = 0.10  # a worker at its threads' limit: in flight = CPUs used (a whole number)
@@ -229,7 +233,9 @@ class Memory:
     usable: FloatArray  # m_i, the most it was seen able to use; NaN: not known
     admitted: BoolArray  # in A last round
     open: BoolArray  # seen idle between requests: an open-loop service
-    arrivals: FloatArray  # lambda_i, its arrival rate (requests/s) in its last window
+    arrivals: FloatArray  # lambda_i, its request rate (requests/s) in its last window
+    backlog: BoolArray  # its queue grew at its cap in its last window
+    looked_closed: FloatArray  # windows in a row that looked back-to-back
     in_flight: FloatArray  # its mean number of requests in flight in its last window
     log_queue: FloatArray  # log K_i, its queueing factor (open loop); NaN: not measured
 
@@ -237,7 +243,7 @@ class Memory:
     def sized(cls, n: int) -> Memory:
         return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n),
                    np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n),
-                   np.full(n, np.nan), np.full(n, np.nan))
+                   np.zeros(n, bool), np.zeros(n), np.full(n, np.nan), np.full(n, np.nan))
 
     def carried(self, n: int, carried: IndexArray | None) -> Memory:
         """The memory of n new slots: slot i takes what old slot carried[i] had (-1: new)."""
@@ -447,16 +453,45 @@ def open_loop_into(obs: Observation, est: BoolArray, fresh: BoolArray, mem: Memo
     np.logical_and(newly, np.logical_not(mem.open, out=s.mask), out=newly)
     np.logical_or(fresh, newly, out=fresh)
     np.logical_or(mem.open, newly, out=mem.open)
+    closed_again_into(obs, est, fresh, growing, mem, s)
     np.putmask(mem.in_flight, est, in_flight)
-    # Arrivals: the throughput, and more where the queue grows (they come faster).
+    # Arrivals: the throughput (where the queue grows, they come faster: see shares_into).
     np.logical_and(mem.open, est, out=s.mask)
     np.greater(obs.rate, 0.0, out=newly)
     np.logical_and(s.mask, newly, out=s.mask)
     np.putmask(mem.arrivals, s.mask, obs.rate)
     np.logical_and(growing, s.mask, out=growing)
-    np.multiply(mem.arrivals, OVERLOAD, out=s.z)
-    np.putmask(mem.arrivals, growing, s.z)
+    np.putmask(mem.backlog, est, growing)
     np.divide(obs.usage, obs.rate, out=x, where=s.mask)
+
+
+def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
+                      growing: BoolArray, mem: Memory, s: Scratch) -> None:
+    """An open-loop service that looked back-to-back CLOSED_WINDOWS windows in a row is one
+    after all (one window's noise made it look open): at its cap, its queue not growing, a
+    whole number of requests in flight (s.y), as a worker has one per thread. A service
+    whose arrivals keep it at its cap has a queue of many, growing. Uses s.z, s.d, s.gain."""
+    looks, n = s.z, s.d
+    np.rint(s.y, out=n)
+    np.subtract(s.y, n, out=looks)
+    np.abs(looks, out=looks)
+    np.multiply(s.y, THREADS_TOL, out=s.gain)
+    np.less_equal(looks, s.gain, out=s.mask)
+    np.greater_equal(n, 1.0, out=s.outlier)
+    np.logical_and(s.mask, s.outlier, out=s.mask)
+    np.multiply(s.cap, 1.0 - SLACK, out=looks)
+    np.greater_equal(obs.usage, looks, out=s.outlier)  # at its cap
+    np.logical_and(s.mask, s.outlier, out=s.mask)
+    np.greater(s.mask, growing, out=s.mask)  # and not growing
+    np.logical_and(s.mask, mem.open, out=s.mask)
+    np.logical_and(s.mask, est, out=s.mask)
+    np.add(mem.looked_closed, 1.0, out=mem.looked_closed, where=s.mask)
+    np.greater(est, s.mask, out=s.outlier)  # a window that did not look it
+    np.putmask(mem.looked_closed, s.outlier, 0.0)
+    np.greater_equal(mem.looked_closed, CLOSED_WINDOWS, out=s.mask)
+    np.putmask(mem.open, s.mask, False)
+    np.putmask(mem.looked_closed, s.mask, 0.0)
+    np.logical_or(fresh, s.mask, out=fresh)
 
 
 def queue_into(obs: Observation, est: BoolArray, mem: Memory, s: Scratch) -> None:
@@ -564,14 +599,22 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.minimum(margin, math.atanh(alpha), out=margin)
     np.exp(margin, out=margin)  # e^mu from here on
     # An open-loop service's arrivals; none for a back-to-back worker, whose x is then L.
+    # The base (what it keeps unadmitted) is what its measured arrivals need at RHO_FLOOR:
+    # past it, a few percent more work or arrivals take its queue far past its target.
     s.lam.fill(0.0)
     np.putmask(s.lam, mem.open, mem.arrivals)
+    np.multiply(s.work, margin, out=s.top)  # the work with its margin
+    np.multiply(s.top, s.lam, out=s.base)
+    np.multiply(s.base, 1.0 / RHO_FLOOR, out=s.base)
+    np.maximum(s.base, floor, out=s.base)
+    # Its own need: where its queue grew at its cap, the arrivals are more than it served.
+    np.multiply(s.lam, OVERLOAD, out=s.x)
+    np.putmask(s.lam, mem.backlog, s.x)
     np.exp(mem.log_queue, out=s.z)
     np.putmask(s.z, np.isnan(s.z, out=s.mask), QUEUE_PRIOR)
     # lean: the least share at which the work, mu above its estimate, meets the slow edge.
     np.multiply(target, 1.0 + alpha, out=s.aim)
     service_time_into(s.lean, s.aim, s)
-    np.multiply(s.work, margin, out=s.top)  # the work with its margin
     np.divide(s.top, s.lean, out=s.lean, where=known)
     # comfy: for the estimate itself, the middle of the band (in logs) for a back-to-back
     # worker; for an open-loop service its fast edge, the most it may hold in S: a window's
@@ -583,12 +626,8 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.putmask(s.aim, mem.open, s.x)
     service_time_into(s.comfy, s.aim, s)
     np.divide(s.work, s.comfy, out=s.comfy, where=known)
-    # knee: an open-loop service is never held busier than RHO_MAX of its cap, nor its base
-    # (what it keeps unadmitted) busier than RHO_FLOOR: a few percent more work or arrivals
-    # there take its queue far past its target.
+    # knee: an open-loop service is never held busier than RHO_MAX of its cap in S.
     np.multiply(s.top, s.lam, out=s.knee)  # the CPU its arrivals need, with the margin
-    np.multiply(s.knee, 1.0 / RHO_FLOOR, out=s.base)
-    np.maximum(s.base, floor, out=s.base)
     np.multiply(s.knee, 1.0 / RHO_MAX, out=s.knee)
     np.greater(s.knee, s.lean, out=s.at_knee)
     np.maximum(s.lean, s.knee, out=s.lean)
