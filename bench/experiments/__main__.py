@@ -22,11 +22,10 @@ validates against the real runs already in DIR); --quick shortens every run (tes
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,16 @@ from lab.guest import here_or_in_guest
 
 from .analysis import matched_curves, scatter, settled_latency
 from .progress import Progress
+from .runs import MODES, every_mode, load_curves, save_curves, simulated
 from .scenarios import (
     MODELS,
-    NOMINAL_CURVES,
     PAPER_PARAMS,
     REAL_PARAMS,
-    Scenario,
     own_scenarios,
     paper_scenarios,
     real_scenarios,
 )
-from .sim import Curve, Node, Params, simulate
+from .sim import Curve, Params
 from .trace import Run
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,7 +55,6 @@ SWEEP_BETAS = (0.1, 0.3)
 SWEEP_IV_MAX = (10.0, 20.0, 40.0, 160.0)
 NOISE = 0.05  # the noise sweep: standard deviation of each window's log latency
 NOISE_SEEDS = tuple(range(10))
-MODES = ("default", *POLICIES)  # how each scenario runs: no limits, then each policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,40 +121,7 @@ def run_real(out: Path, quick: bool) -> None:
     progress.close("real runs done")
 
 
-def save_curves(path: Path, curves: dict[str, Curve]) -> None:
-    path.write_text(json.dumps({m: asdict(c) for m, c in curves.items()}, indent=1) + "\n")
-
-
-def load_curves(path: Path) -> dict[str, Curve]:
-    if not path.exists():
-        return dict(NOMINAL_CURVES)
-    return {m: Curve(c["solo_s"], tuple(c["cores"]), tuple(c["factors"]))
-            for m, c in json.loads(path.read_text()).items()}
-
-
 # --- 2. simulated, 3. report -----------------------------------------------------------
-
-
-def simulated(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
-              params: Params | None, duration: float, window: float,
-              noise: float = 0.0, seed: int = 0) -> Run:
-    """One simulated run of the scenario: with dqoesd (`params`, its policy among them) or
-    on the default platform (None)."""
-    windows = [simulate(node, curves, params, duration, window, noise, seed=100 * seed + k)
-               for k, node in enumerate(nodes)]
-    return Run.from_windows(scenario.key, params.policy if params else "default", "sim",
-                            asdict(params) if params else {}, nodes, windows, noise=noise)
-
-
-def every_mode(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
-               params: Params, window: float, noise: float = 0.0, seed: int = 0,
-               ) -> dict[str, Run]:
-    """The scenario on the default platform and with each policy."""
-    return {mode: simulated(scenario, nodes, curves,
-                            None if mode == "default" else replace(params, policy=mode),
-                            scenario.default_duration_s if mode == "default"
-                            else scenario.duration_s, window, noise, seed)
-            for mode in MODES}
 
 
 def run_simulated(out: Path, quick: bool) -> None:

@@ -223,6 +223,9 @@ class Conditions:
     packing: bool = False
 
 
+IDEAL = Conditions()  # the fluid model alone
+
+
 @dataclass(frozen=True)
 class Params:
     """The daemon's parameters (dqoesd's options)."""
@@ -351,7 +354,7 @@ class _Queue:
 
 def simulate(node: Node, curves: dict[str, Curve], params: Params | None, duration: float,
              window: float, noise: float = 0.0, seed: int = 0,
-             conditions: Conditions = Conditions()) -> Windows:
+             conditions: Conditions = IDEAL) -> Windows:
     """Run one node for `duration` seconds with dqoesd (`params`) or without (None: the
     default platform, no limits) and observe it every `window` seconds. `noise` is the
     standard deviation of the log of every measured window latency (the daemon's and the
