@@ -162,7 +162,7 @@ class Node:
 
     def slowdown_at(self, t: float) -> float:
         """The work factor of every request on the node at time t from its slowdowns."""
-        return math.prod(f for when, f in self.slowdowns if t >= when)
+        return float(math.prod(f for when, f in self.slowdowns if t >= when))
 
 
 @dataclass(frozen=True)
@@ -378,7 +378,7 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
               for i, c in enumerate(cs) if c.open_loop}
     is_open = np.array([c.open_loop for c in cs], bool)
     # The work factor of every request on the node, tick by tick: its slowdowns, its drift.
-    slowness = np.array([node.slowdown_at(k * dt) for k in range(steps)])
+    slowness = np.array([node.slowdown_at(k * dt) for k in range(steps)], dtype=float)
     if conditions.drift:
         slowness *= conditions.drift.factors(steps, dt, np.random.default_rng([seed, 2]))
 
