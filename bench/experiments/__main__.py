@@ -3,6 +3,7 @@ simulated, each with every policy of dqoes_cg.policy.POLICIES side by side, with
 and a summary.
 
     python -m bench.experiments [--sim-only] [--quick] [--out DIR]
+    python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
 
 1. Real runs on a cgroup v2 kernel with the cpu controller: this host if it has one, else a
    qemu guest booted for them (lab.guest, DIR shared writable). The worker types are
@@ -17,6 +18,10 @@ and a summary.
 
 --sim-only skips 1 (the simulator then uses DIR/calibration.json if there is one, and
 validates against the real runs already in DIR); --quick shortens every run (tests).
+
+--real-conditions runs only the simulated scenarios (s*, x*, o*) under the conditions of a
+real host (measured curves, a drifting node speed, the packing shortfall, noise) over
+several seeds, and writes DIR/real-conditions.md and .json (conditions.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 from dqoes_cg.policy import POLICIES
 from lab.guest import here_or_in_guest
 
+from . import conditions
 from .analysis import matched_curves, scatter, settled_latency
 from .progress import Progress
 from .runs import MODES, every_mode, load_curves, save_curves, simulated
@@ -65,9 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="short runs (tests)")
     p.add_argument("--real-part", action="store_true",
                    help="only step 1, on this kernel (what the guest runs)")
+    p.add_argument("--real-conditions", action="store_true",
+                   help="only the simulated scenarios under real conditions (see above)")
+    p.add_argument("--seeds", type=int, default=conditions.SEEDS,
+                   help="--real-conditions: how many seeds")
+    p.add_argument("--only", nargs="+", metavar="KEY",
+                   help="--real-conditions: only these scenarios")
+    p.add_argument("--jobs", type=int, default=conditions.JOBS,
+                   help="--real-conditions: processes")
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.real_conditions:
+        conditions.run(out, args.quick, args.seeds, args.only, args.jobs)
+        return 0
     if args.real_part:
         run_real(out, args.quick)
         return 0
