@@ -334,6 +334,17 @@ def test_open_scenarios_have_services_and_start_a_phase_at_each_change() -> None
     assert [round(b) for _, b in phases(slowed, 1200.0)] == [600, 1200]
 
 
+def test_the_oracles_allocation_held_reaches_it_for_workers() -> None:
+    # The oracle and the simulator agree: its allocation at each time, held as caps, puts
+    # its count in S in every phase (closed-loop workers, no noise; a service's window
+    # latency scatters by itself, see the README).
+    for key in ("s3-varied-burst", "s5-cluster"):
+        sc = SCENARIOS[key]
+        run = simulated(sc, sc.build(CURVES), CURVES, None, 450.0, 5.0, held=True)
+        assert [(p.final, p.oracle) for p in phase_outcomes(run, CURVES)] == \
+            [(p.oracle, p.oracle) for p in phase_outcomes(run, CURVES)], key
+
+
 def test_real_conditions_quick_writes_its_table(tmp_path: Path) -> None:
     assert main(["--real-conditions", "--quick", "--seeds", "1", "--jobs", "1", "--only",
                  "o2-rate-step", "x3-departures", "--out", str(tmp_path)]) == 0
@@ -342,7 +353,7 @@ def test_real_conditions_quick_writes_its_table(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "real-conditions.json").read_text())
     phases_run = len(data["rows"])
     assert phases_run >= 4
-    for mode in ("default", "admit", "dqoes"):
+    for mode in ("default", "admit", "dqoes", "held oracle"):
         counts = data["summary"][mode]
         assert counts["phases"] == phases_run
         assert 0 <= counts["at_oracle"] <= counts["within_one"] <= phases_run

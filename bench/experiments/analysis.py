@@ -3,9 +3,11 @@ simulator follows the real kernel."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,21 +88,50 @@ def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
     counting the containers present; and all of it fits in the node's CPUs. Cheapest extra
     share over the floor first, lo_i - floor, negative for a need under the floor (optimal:
     each container counts one)."""
-    state = state_at(node, curves, at)
+    return oracle_allocation(node, curves, alpha, at)[0]
+
+
+def oracle_allocation(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
+                      at: float | None = None) -> tuple[int, np.ndarray]:
+    """The oracle's count (see `oracle`) and the shares it holds the node's containers at
+    (CPUs, in node order): the least share in S of each one it counts, the floor for the
+    others, NaN for one absent at that time."""
+    t = settled_time(node) if at is None else at
+    state = state_at(node, curves, t)
     extras = []
-    for cores, latency, busy, target in zip(state.cores, state.latency, state.busy,
-                                            state.target, strict=True):
+    for k, (cores, latency, busy, target) in enumerate(zip(
+            state.cores, state.latency, state.busy, state.target, strict=True)):
         ok = counted(latency, busy, target, alpha)
         if ok.any():
-            extras.append(float(cores[ok].min()) - state.floor)
+            extras.append((float(cores[ok].min()) - state.floor, k))
+    shares = np.full(len(state.target), state.floor)
     used = state.floor * len(state.target)
     count = 0
-    for extra in sorted(extras):
+    for extra, k in sorted(extras):
         if used + extra > node.cpus + 1e-9:
             break
         used += extra
+        shares[k] += extra
         count += 1
-    return count
+    allocation = np.full(len(node.containers), np.nan)
+    allocation[[bool(c.present(t)) for c in node.containers]] = shares
+    return count, allocation
+
+
+def oracle_caps(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
+                ) -> Callable[[float], np.ndarray]:
+    """The oracle's allocation as caps at any time (computed once for each stretch between
+    two changes: an arrival, a departure, an event)."""
+    changes = sorted({*(c.arrival_s for c in node.containers), *node_events(node)})
+    cache: dict[int, np.ndarray] = {}
+
+    def caps(t: float) -> np.ndarray:
+        stretch = bisect.bisect_right(changes, t + 1e-9)
+        if stretch not in cache:
+            cache[stretch] = oracle_allocation(node, curves, alpha, t)[1]
+        return cache[stretch]
+
+    return caps
 
 
 def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: float = 0.10,

@@ -7,9 +7,12 @@ against the oracle.
     python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
 
 writes real-conditions.md and real-conditions.json beside the other results and prints the
-table. Reaction time: from the start of each phase that a change starts (a target, load,
-arrival rate or node speed, a departure) until the total |S| first holds the oracle (or the
-phase's final |S|, if lower), in seconds and in policy rounds.
+table. Beside the policies and the default platform, the oracle's own allocation at each
+time held as caps under the same conditions, noise and seeds (HELD): what the oracle's
+choice gets, window by window, without a policy's errors. Reaction time: from the start of
+each phase that a change starts (a target, load, arrival rate or node speed, a departure)
+until the total |S| first holds the oracle (or the phase's final |S|, if lower), in seconds
+and in policy rounds.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from .analysis import MIN_WINDOWS, TAIL, Phase, phase_outcomes, reached
 from .progress import Progress
-from .runs import MODES, every_mode, load_curves
+from .runs import HELD, MODES, every_mode, load_curves, simulated
 from .scenarios import (
     PAPER_DRIFT,
     PAPER_PARAMS,
@@ -42,6 +45,7 @@ SEEDS = 5
 WINDOW_S = 5.0  # the observer's windows, as the other paper-scale simulations
 JOBS = 2  # processes: the host has 2 cores
 POLICY_MODES = tuple(m for m in MODES if m != "default")
+JUDGED = (*MODES, HELD)
 NAME = "real-conditions"
 
 
@@ -74,8 +78,11 @@ def reaction(run: Run, ph: Phase) -> Reaction:
 
 def judge(scenario: Scenario, seed: int, curves: dict[str, Curve]) -> list[dict[str, Any]]:
     """One scenario and seed in every mode under REAL_CONDITIONS: a row per phase."""
-    runs = every_mode(scenario, scenario.build(curves), curves, PAPER_PARAMS, WINDOW_S,
-                      NOISE, seed, REAL_CONDITIONS)
+    nodes = scenario.build(curves)
+    runs = every_mode(scenario, nodes, curves, PAPER_PARAMS, WINDOW_S, NOISE, seed,
+                      REAL_CONDITIONS)
+    runs[HELD] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S, NOISE,
+                           seed, REAL_CONDITIONS, held=True)
     judged = {mode: phase_outcomes(run, curves, bound=False) for mode, run in runs.items()}
     rows = []
     for k, ph in enumerate(judged["admit"]):
@@ -108,7 +115,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Per mode: phases (scenario x phase x seed) at the oracle on every node, within one
     on every node, out of how many."""
     out = {}
-    for mode in MODES:
+    for mode in JUDGED:
         judged = [verdicts(r, mode) for r in rows if mode in r["modes"]]
         out[mode] = {"at_oracle": sum(a for a, _ in judged),
                      "within_one": sum(w for _, w in judged), "phases": len(judged)}
@@ -156,7 +163,9 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool) -> str:
              f"(log-speed spread {PAPER_DRIFT.spread:g}, correlation {PAPER_DRIFT.correlation_s:g}"
              " s), the packing shortfall of capped single-threaded containers and a "
              f"log-latency scatter of {NOISE:g}, over {seeds} seed(s). Each phase's final |S| "
-             "(median over its tail) per node against the oracle per node.", "",
+             "(median over its tail) per node against the oracle per node. "
+             f"'{HELD}': the oracle's own allocation held as caps under the same conditions "
+             "(no policy), what its choice gets window by window.", "",
              "| mode | phases at the oracle (every node) | within one (every node) | phases |",
              "|---|---|---|---|"]
     lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['phases']} |"
@@ -171,11 +180,11 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool) -> str:
         largest = "-" if r["max_s"] is None else f"{r['max_s']:.0f} s, {r['max_rounds']} rounds"
         lines.append(f"| {mode} | {r['events']} | {r['held']} | {median} | {largest} |")
     lines += ["", "| scenario | phase (s) | seed | oracle | "
-              + " | ".join(MODES) + " | " + " | ".join(f"{m} reaction" for m in POLICY_MODES)
-              + " |", "|---" * (4 + len(MODES) + len(POLICY_MODES)) + "|"]
+              + " | ".join(JUDGED) + " | " + " | ".join(f"{m} reaction" for m in POLICY_MODES)
+              + " |", "|---" * (4 + len(JUDGED) + len(POLICY_MODES)) + "|"]
     for r in rows:
         modes = r["modes"]
-        finals = [_nodes(modes[m]["final"]) if m in modes else "-" for m in MODES]
+        finals = [_nodes(modes[m]["final"]) if m in modes else "-" for m in JUDGED]
         react = [_reaction_cell(modes[m], r["after_change"]) for m in POLICY_MODES]
         lines.append(f"| {r['scenario']} | {r['phase'][0]:.0f}-{r['phase'][1]:.0f} | "
                      f"{r['seed']} | {_nodes(r['oracle'])} | " + " | ".join(finals + react)
@@ -194,7 +203,7 @@ def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | No
         raise SystemExit(f"unknown scenarios: {sorted(set(only) - known)}")
     tasks = [(sc, seed, curves) for sc in scenarios for seed in range(seeds)]
     progress = Progress(len(tasks) + 1)
-    progress.step(f"{len(scenarios)} scenarios x {seeds} seeds x {len(MODES)} modes, "
+    progress.step(f"{len(scenarios)} scenarios x {seeds} seeds x {len(JUDGED)} modes, "
                   f"{jobs} processes")
     rows: list[dict[str, Any]] = []
     with multiprocessing.get_context("fork").Pool(max(1, min(jobs, len(tasks)))) as pool:

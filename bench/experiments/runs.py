@@ -9,11 +9,13 @@ from pathlib import Path
 
 from dqoes_cg.policy import POLICIES
 
+from .analysis import oracle_caps
 from .scenarios import NOMINAL_CURVES, Scenario
 from .sim import IDEAL, Conditions, Curve, Node, Params, simulate
 from .trace import Run
 
 MODES = ("default", *POLICIES)  # how each scenario runs: no limits, then each policy
+HELD = "held oracle"  # a run with the oracle's allocation held as caps, no policy
 
 
 def save_curves(path: Path, curves: dict[str, Curve]) -> None:
@@ -33,13 +35,16 @@ def load_curves(path: Path) -> dict[str, Curve]:
 def simulated(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
               params: Params | None, duration: float, window: float,
               noise: float = 0.0, seed: int = 0, conditions: Conditions = IDEAL,
-              ) -> Run:
+              held: bool = False) -> Run:
     """One simulated run of the scenario: with dqoesd (`params`, its policy among them) or
-    on the default platform (None), under `conditions`."""
+    on the default platform (None), under `conditions`; or (`held`) with the oracle's
+    allocation at each time held as caps (mode HELD)."""
     windows = [simulate(node, curves, params, duration, window, noise, 100 * seed + k,
-                        conditions) for k, node in enumerate(nodes)]
-    return Run.from_windows(scenario.key, params.policy if params else "default", "sim",
-                            asdict(params) if params else {}, nodes, windows, noise=noise)
+                        conditions, oracle_caps(node, curves) if held else None)
+               for k, node in enumerate(nodes)]
+    mode = params.policy if params else HELD if held else "default"
+    return Run.from_windows(scenario.key, mode, "sim", asdict(params) if params else {}, nodes,
+                            windows, noise=noise)
 
 
 def every_mode(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],

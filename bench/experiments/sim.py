@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -354,13 +355,15 @@ class _Queue:
 
 def simulate(node: Node, curves: dict[str, Curve], params: Params | None, duration: float,
              window: float, noise: float = 0.0, seed: int = 0,
-             conditions: Conditions = IDEAL) -> Windows:
+             conditions: Conditions = IDEAL,
+             held: Callable[[float], np.ndarray] | None = None) -> Windows:
     """Run one node for `duration` seconds with dqoesd (`params`) or without (None: the
     default platform, no limits) and observe it every `window` seconds. `noise` is the
     standard deviation of the log of every measured window latency (the daemon's and the
     observer's): the scatter of a real, emulated CPU. `seed` seeds the noise, the
     services' arrivals and the drift, each from its own stream (the same arrivals and
-    drift under every policy)."""
+    drift under every policy). `held`, with no policy, sets every container's cap (CPUs,
+    NaN: none) at each time from outside (the oracle's allocation, analysis.oracle_caps)."""
     cs = node.containers
     n = len(cs)
     dt = params.sample_interval if params else min(window, 1.0)
@@ -414,6 +417,8 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
             if policy and present[i]:
                 policy.reset()
 
+        if held:
+            limit = held(t) / node.cpus
         caps = np.where(np.isnan(limit), threads, np.minimum(limit * node.cpus, threads))
         if conditions.packing:
             packed = present & single & ~np.isnan(limit)
