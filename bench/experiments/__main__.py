@@ -3,6 +3,7 @@ simulated, each with every policy of dqoes_cg.policy.POLICIES side by side, with
 and a summary.
 
     python -m bench.experiments [--sim-only] [--quick] [--out DIR]
+    python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
 
 1. Real runs on a cgroup v2 kernel with the cpu controller: this host if it has one, else a
    qemu guest booted for them (lab.guest, DIR shared writable). The worker types are
@@ -17,35 +18,38 @@ and a summary.
 
 --sim-only skips 1 (the simulator then uses DIR/calibration.json if there is one, and
 validates against the real runs already in DIR); --quick shortens every run (tests).
+
+--real-conditions runs only the simulated scenarios (s*, x*, o*) under the conditions of a
+real host (measured curves, a drifting node speed, the packing shortfall, noise) over
+several seeds, and writes DIR/real-conditions.md and .json (conditions.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dqoes_cg.policy import POLICIES
 from lab.guest import here_or_in_guest
 
+from . import conditions
 from .analysis import matched_curves, scatter, settled_latency
 from .progress import Progress
+from .runs import MODES, every_mode, load_curves, save_curves, simulated
 from .scenarios import (
     MODELS,
-    NOMINAL_CURVES,
     PAPER_PARAMS,
     REAL_PARAMS,
-    Scenario,
     own_scenarios,
     paper_scenarios,
     real_scenarios,
 )
-from .sim import Curve, Node, Params, simulate
+from .sim import Curve, Params
 from .trace import Run
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,7 +61,6 @@ SWEEP_BETAS = (0.1, 0.3)
 SWEEP_IV_MAX = (10.0, 20.0, 40.0, 160.0)
 NOISE = 0.05  # the noise sweep: standard deviation of each window's log latency
 NOISE_SEEDS = tuple(range(10))
-MODES = ("default", *POLICIES)  # how each scenario runs: no limits, then each policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,9 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="short runs (tests)")
     p.add_argument("--real-part", action="store_true",
                    help="only step 1, on this kernel (what the guest runs)")
+    p.add_argument("--real-conditions", action="store_true",
+                   help="only the simulated scenarios under real conditions (see above)")
+    p.add_argument("--seeds", type=int, default=conditions.SEEDS,
+                   help="--real-conditions: how many seeds")
+    p.add_argument("--only", nargs="+", metavar="KEY",
+                   help="--real-conditions: only these scenarios")
+    p.add_argument("--jobs", type=int, default=conditions.JOBS,
+                   help="--real-conditions: processes")
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.real_conditions:
+        conditions.run(out, args.quick, args.seeds, args.only, args.jobs)
+        return 0
     if args.real_part:
         run_real(out, args.quick)
         return 0
@@ -124,40 +138,7 @@ def run_real(out: Path, quick: bool) -> None:
     progress.close("real runs done")
 
 
-def save_curves(path: Path, curves: dict[str, Curve]) -> None:
-    path.write_text(json.dumps({m: asdict(c) for m, c in curves.items()}, indent=1) + "\n")
-
-
-def load_curves(path: Path) -> dict[str, Curve]:
-    if not path.exists():
-        return dict(NOMINAL_CURVES)
-    return {m: Curve(c["solo_s"], tuple(c["cores"]), tuple(c["factors"]))
-            for m, c in json.loads(path.read_text()).items()}
-
-
 # --- 2. simulated, 3. report -----------------------------------------------------------
-
-
-def simulated(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
-              params: Params | None, duration: float, window: float,
-              noise: float = 0.0, seed: int = 0) -> Run:
-    """One simulated run of the scenario: with dqoesd (`params`, its policy among them) or
-    on the default platform (None)."""
-    windows = [simulate(node, curves, params, duration, window, noise, seed=100 * seed + k)
-               for k, node in enumerate(nodes)]
-    return Run.from_windows(scenario.key, params.policy if params else "default", "sim",
-                            asdict(params) if params else {}, nodes, windows, noise=noise)
-
-
-def every_mode(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
-               params: Params, window: float, noise: float = 0.0, seed: int = 0,
-               ) -> dict[str, Run]:
-    """The scenario on the default platform and with each policy."""
-    return {mode: simulated(scenario, nodes, curves,
-                            None if mode == "default" else replace(params, policy=mode),
-                            scenario.default_duration_s if mode == "default"
-                            else scenario.duration_s, window, noise, seed)
-            for mode in MODES}
 
 
 def run_simulated(out: Path, quick: bool) -> None:

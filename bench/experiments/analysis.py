@@ -3,16 +3,18 @@ simulator follows the real kernel."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from dqoes_cg.policy import Cls, classify
+from dqoes_cg.policy import RHO_MAX, Cls, classify
 
-from .sim import Curve, Node, water_fill
+from .sim import Curve, Node, default_latency, md1_latency, water_fill
 from .trace import Run
 
 TAIL = 0.15  # the last 15% of a run (or of a phase) is its converged state
@@ -24,18 +26,27 @@ _LAMBDAS = np.concatenate(([0.0], np.geomspace(1e-3, 1e3, 601)))  # noisy_bound'
 
 def settled_time(node: Node) -> float:
     """A time after every arrival and every event of the node: its final state."""
-    return max([c.arrival_s for c in node.containers] +
-               [e for c in node.containers for e in c.events()], default=0.0) + 1.0
+    return max([c.arrival_s for c in node.containers] + node_events(node), default=0.0) + 1.0
+
+
+def node_events(node: Node) -> list[float]:
+    """When anything changes on the node after the arrivals: its containers' events and its
+    slowdowns."""
+    return sorted({*(e for c in node.containers for e in c.events()),
+                   *(when for when, _ in node.slowdowns)})
 
 
 @dataclass(frozen=True)
 class NodeState:
     """The containers present on a node at one time, each on a grid of the shares it can
-    have (up to what it can use: its threads), with its latency there and its target."""
+    have (up to what it can use: its threads), with its mean latency there (a service's as
+    an M/D/1 queue at its arrival rate then), its busy fraction there (a service's
+    utilisation of its share; NaN for a closed-loop worker) and its target."""
 
     floor: float  # 1/(2n) of the node's CPUs, n counting the containers present
     cores: list[np.ndarray]
     latency: list[np.ndarray]
+    busy: list[np.ndarray]
     target: list[float]
 
 
@@ -44,37 +55,83 @@ def state_at(node: Node, curves: dict[str, Curve], at: float | None = None) -> N
     t = settled_time(node) if at is None else at
     present = [c for c in node.containers if c.present(t)]
     cores = [_GRID * min(c.threads, node.cpus) for c in present]
+    service = [curves[c.model].latency(x) * c.load_at(t) * node.slowdown_at(t)
+               for c, x in zip(present, cores, strict=True)]
     return NodeState(node.cpus / (2 * max(len(present), 1)), cores,
-                  [curves[c.model].latency(x) * c.load_at(t) for c, x in zip(present, cores,
-                                                                              strict=True)],
-                  [float(c.target_at(np.array([t]))[0]) for c in present])
+                     [md1_latency(x, c.rate_at(t)) for c, x in zip(present, service,
+                                                                   strict=True)],
+                     [c.rate_at(t) * x if c.open_loop else np.full(len(x), np.nan)
+                      for c, x in zip(present, service, strict=True)],
+                     [float(c.target_at(np.array([t]))[0]) for c in present])
+
+
+def counted(latency: np.ndarray, busy: np.ndarray, target: float, alpha: float,
+            ) -> np.ndarray:
+    """At which shares the oracle counts a container in S: a closed-loop worker (busy NaN)
+    where its latency is within alpha of its target; a service where its latency is at
+    most (1 + alpha) its target and it is busy at most RHO_MAX of the time (below the band
+    too: held there, it has no CPU it could safely give back)."""
+    in_band = np.abs(target - latency) <= alpha * target
+    held = (latency <= (1 + alpha) * target) & (busy <= RHO_MAX)
+    return np.where(np.isnan(busy), in_band, held)
 
 
 def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
            at: float | None = None) -> int:
     """The most containers of `node` that can be in S at once, at time `at` (default: once
     every event has passed), whatever the algorithm: each one in S needs a share whose
-    latency (its model's, times its load factor then) is within alpha of its target then,
-    at most what it can use (its threads), and is held at the least such share lo_i, under
+    latency (its model's, times its load factor and the node's slowdown then) is within
+    alpha of its target then (a service: see `counted`), at most what it can use (its
+    threads), and is held at the least such share lo_i, under
     the floor if its band is (as admit holds its admitted containers at their need); every
     other one keeps at least the floor 1/(2n) of the budget (as the policies' limits do), n
     counting the containers present; and all of it fits in the node's CPUs. Cheapest extra
     share over the floor first, lo_i - floor, negative for a need under the floor (optimal:
     each container counts one)."""
-    state = state_at(node, curves, at)
+    return oracle_allocation(node, curves, alpha, at)[0]
+
+
+def oracle_allocation(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
+                      at: float | None = None) -> tuple[int, np.ndarray]:
+    """The oracle's count (see `oracle`) and the shares it holds the node's containers at
+    (CPUs, in node order): the least share in S of each one it counts, the floor for the
+    others, NaN for one absent at that time."""
+    t = settled_time(node) if at is None else at
+    state = state_at(node, curves, t)
     extras = []
-    for cores, latency, target in zip(state.cores, state.latency, state.target, strict=True):
-        ok = np.abs(target - latency) <= alpha * target
+    for k, (cores, latency, busy, target) in enumerate(zip(
+            state.cores, state.latency, state.busy, state.target, strict=True)):
+        ok = counted(latency, busy, target, alpha)
         if ok.any():
-            extras.append(float(cores[ok].min()) - state.floor)
+            extras.append((float(cores[ok].min()) - state.floor, k))
+    shares = np.full(len(state.target), state.floor)
     used = state.floor * len(state.target)
     count = 0
-    for extra in sorted(extras):
+    for extra, k in sorted(extras):
         if used + extra > node.cpus + 1e-9:
             break
         used += extra
+        shares[k] += extra
         count += 1
-    return count
+    allocation = np.full(len(node.containers), np.nan)
+    allocation[[bool(c.present(t)) for c in node.containers]] = shares
+    return count, allocation
+
+
+def oracle_caps(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
+                ) -> Callable[[float], np.ndarray]:
+    """The oracle's allocation as caps at any time (computed once for each stretch between
+    two changes: an arrival, a departure, an event)."""
+    changes = sorted({*(c.arrival_s for c in node.containers), *node_events(node)})
+    cache: dict[int, np.ndarray] = {}
+
+    def caps(t: float) -> np.ndarray:
+        stretch = bisect.bisect_right(changes, t + 1e-9)
+        if stretch not in cache:
+            cache[stretch] = oracle_allocation(node, curves, alpha, t)[1]
+        return cache[stretch]
+
+    return caps
 
 
 def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: float = 0.10,
@@ -91,31 +148,34 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
     lam c) for every lam >= 0: the least D over a grid of lam is returned. Without noise it
     is the oracle's count, or above it by less than one (the bound relaxes counting whole
     containers). The noise comes after the controller's choice, so it bounds the mean |S|
-    over any stretch of windows, whatever the controller does."""
+    over any stretch of windows, whatever the controller does. A service held busy at
+    least RHO_MAX (1 - alpha) of its cap counts in S below its band too (as Run.classes
+    counts it), so its P(c) is then only the upper Phi."""
     state = state_at(node, curves, at)
     if not state.target:
         return 0.0
     dual = _LAMBDAS * node.cpus
     phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
-    for cores, latency, target in zip(state.cores, state.latency, state.target, strict=True):
-        ok = np.abs(target - latency) <= alpha * target
+    for cores, latency, busy, target in zip(state.cores, state.latency, state.busy,
+                                            state.target, strict=True):
+        ok = counted(latency, busy, target, alpha)
         least = min(state.floor, float(cores[ok].min())) if ok.any() else state.floor
         held = cores >= least - 1e-12
         c, log_l = cores[held][::_BOUND_STRIDE], np.log(latency[held][::_BOUND_STRIDE])
+        at_rho = busy[held][::_BOUND_STRIDE] >= RHO_MAX * (1 - alpha)  # NaN: never
         seen = (phi((math.log((1 + alpha) * target) - log_l) / scatter)
-                - phi((math.log((1 - alpha) * target) - log_l) / scatter))
+                - np.where(at_rho, 0.0, phi((math.log((1 - alpha) * target) - log_l)
+                                            / scatter)))
         dual += (seen[None, :] - _LAMBDAS[:, None] * c[None, :]).max(axis=1)
     return float(dual.min())
 
 
 def default_satisfied(node: Node, curves: dict[str, Curve], alpha: float = 0.10) -> int:
     """How many are in S on the default platform once all have arrived: even share (what
-    each can use, the rest shared by the others)."""
+    each can use, the rest shared by the others; sim.default_latency)."""
     t = settled_time(node)
     cs = [c for c in node.containers if c.present(t)]
-    cores = water_fill(node.cpus, np.array([c.threads for c in cs]))
-    latency = np.array([curves[c.model].latency(x) * c.load_at(t)
-                        for c, x in zip(cs, cores, strict=True)])
+    latency = default_latency(node.cpus, cs, curves, t, node.slowdown_at(t))
     targets = [float(c.target_at(np.array([t]))[0]) for c in cs]
     return int((classify(targets, latency, alpha) == Cls.S).sum())
 
@@ -179,14 +239,15 @@ def phases(nodes: list[Node], end: float) -> list[tuple[float, float]]:
     start = max((c.arrival_s for c in cs), default=0.0)
     if start >= end:  # a run shorter than its arrivals (a quick one): judged as a whole
         return [(0.0, end)]
-    events = sorted({e for c in cs for e in c.events() if start < e < end})
+    events = sorted({e for nd in nodes for e in node_events(nd) if start < e < end})
     bounds = [start, *events, end]
     return list(itertools.pairwise(bounds))
 
 
-def phase_outcomes(run: Run, curves: dict[str, Curve], alpha: float = 0.10) -> list[Phase]:
+def phase_outcomes(run: Run, curves: dict[str, Curve], alpha: float = 0.10,
+                   bound: bool = True) -> list[Phase]:
     """Each phase of the run against the oracle of its state (and, for a run with simulated
-    noise, against noisy_bound at that noise)."""
+    noise and `bound`, against noisy_bound at that noise)."""
     by_node = [run.satisfied(alpha, node=k) for k in range(len(run.nodes))]
     noise = float(run.notes.get("noise", 0.0))
     total = np.sum(by_node, axis=0)
@@ -209,7 +270,7 @@ def phase_outcomes(run: Run, curves: dict[str, Curve], alpha: float = 0.10) -> l
                          final, None if when is None else when - a, rounds,
                          [float(sat[tail].mean()) for sat in by_node],
                          [noisy_bound(nd, curves, noise, alpha, at=middle)
-                          for nd in run.nodes] if noise else None))
+                          for nd in run.nodes] if noise and bound else None))
     return out
 
 

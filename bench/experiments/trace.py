@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dqoes_cg.policy import Cls, classify
+from dqoes_cg.policy import RHO_MAX, Cls, classify
 
 from .sim import Container, Node, Windows
 
@@ -58,10 +58,19 @@ class Run:
             if self.containers else np.zeros((len(self.t), 0))
 
     def classes(self, alpha: float = 0.10) -> np.ndarray:
-        """(T, n) Cls codes of each window, as the policy classifies (IDLE: no request)."""
-        return np.array([classify(target, latency, alpha)
-                         for target, latency in zip(self.targets, self.latency_s, strict=True)],
-                        np.int8).reshape(self.latency_s.shape)
+        """(T, n) Cls codes of each window, as the policy classifies (IDLE: no request),
+        but an open-loop service faster than its band counts in S when it is capped and
+        busy at least RHO_MAX (1 - alpha) of its cap (usage / limit): it holds only what it
+        safely needs (the oracle counts it so, analysis.counted). Without a cap (the default
+        platform) it stays in G."""
+        cls = np.array([classify(target, latency, alpha)
+                        for target, latency in zip(self.targets, self.latency_s, strict=True)],
+                       np.int8).reshape(self.latency_s.shape)
+        is_open = np.array([c.open_loop for c in self.containers], bool)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            held = self.usage_cores / self.limit_cores >= RHO_MAX * (1 - alpha)
+        cls[(cls == Cls.G) & held & is_open] = Cls.S
+        return cls
 
     def satisfied(self, alpha: float = 0.10, node: int | None = None) -> np.ndarray:
         """(T,) how many containers are in S (on one node, or all)."""
@@ -85,7 +94,8 @@ class Run:
     @classmethod
     def load(cls, path: Path) -> Run:
         data = json.loads(path.read_text())
-        nodes = [Node(nd["cpus"], tuple(Container.from_dict(c) for c in nd["containers"]))
+        nodes = [Node(nd["cpus"], tuple(Container.from_dict(c) for c in nd["containers"]),
+                      tuple(tuple(s) for s in nd.get("slowdowns", ())))
                  for nd in data.pop("nodes")]
         arrays = {k: np.array(data.pop(k), dtype=float) for k in ARRAYS}
         n = sum(len(nd.containers) for nd in nodes)

@@ -1,0 +1,223 @@
+"""Every simulated scenario (s*, x*, o*) under the conditions of a real host: the measured
+curves, a node speed that drifts (scenarios.PAPER_DRIFT), the packing shortfall of capped
+single-threaded containers and the measurement noise of the noise sweep, over several
+seeds, on the default platform and with each policy; judged phase by phase, node by node,
+against the oracle.
+
+    python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
+
+writes real-conditions.md and real-conditions.json beside the other results and prints the
+table. Beside the policies and the default platform, the oracle's own allocation at each
+time held as caps under the same conditions, noise and seeds (HELD): what the oracle's
+choice gets, window by window, without a policy's errors. Reaction time: from the start of
+each phase that a change starts (a target, load, arrival rate or node speed, a departure)
+until the total |S| first holds the oracle (or the phase's final |S|, if lower), in seconds
+and in policy rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .analysis import MIN_WINDOWS, TAIL, Phase, phase_outcomes, reached
+from .progress import Progress
+from .runs import HELD, MODES, every_mode, load_curves, simulated
+from .scenarios import (
+    PAPER_DRIFT,
+    PAPER_PARAMS,
+    Scenario,
+    open_scenarios,
+    own_scenarios,
+    paper_scenarios,
+)
+from .sim import Conditions, Curve
+from .trace import Run
+
+REAL_CONDITIONS = Conditions(PAPER_DRIFT, packing=True)
+NOISE = 0.05  # the noise sweep's log-latency scatter
+SEEDS = 5
+WINDOW_S = 5.0  # the observer's windows, as the other paper-scale simulations
+JOBS = 2  # processes: the host has 2 cores
+POLICY_MODES = tuple(m for m in MODES if m != "default")
+JUDGED = (*MODES, HELD)
+NAME = "real-conditions"
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """How long a run took, from the start of a phase, to hold the level it is judged by."""
+
+    level: int  # the oracle's total |S|, or the phase's final total if lower
+    seconds: float | None  # None: never held it
+    rounds: int | None  # policy rounds by then (the most of any node); None on the default
+
+
+def all_scenarios(quick: bool = False) -> list[Scenario]:
+    return paper_scenarios(quick) + own_scenarios(quick) + open_scenarios(quick)
+
+
+def reaction(run: Run, ph: Phase) -> Reaction:
+    """When the run's total |S| first held min(oracle, final) in the phase `ph`."""
+    level = min(ph.oracle_s, ph.final_s)
+    total = run.satisfied()
+    inside = (run.t > ph.start) & (run.t <= ph.end + 1e-9)
+    step = float(run.t[1] - run.t[0]) if len(run.t) > 1 else 1.0
+    hold = max(TAIL * (ph.end - ph.start), MIN_WINDOWS * step)
+    when = reached(run.t[inside], total[inside], level, hold)
+    rounds = None if when is None or not any(run.decisions) else max(
+        int(np.count_nonzero((np.array(d) > ph.start) & (np.array(d) <= when)))
+        for d in run.decisions)
+    return Reaction(level, None if when is None else when - ph.start, rounds)
+
+
+def judge(scenario: Scenario, seed: int, curves: dict[str, Curve]) -> list[dict[str, Any]]:
+    """One scenario and seed in every mode under REAL_CONDITIONS: a row per phase."""
+    nodes = scenario.build(curves)
+    runs = every_mode(scenario, nodes, curves, PAPER_PARAMS, WINDOW_S, NOISE, seed,
+                      REAL_CONDITIONS)
+    runs[HELD] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S, NOISE,
+                           seed, REAL_CONDITIONS, held=True)
+    judged = {mode: phase_outcomes(run, curves, bound=False) for mode, run in runs.items()}
+    rows = []
+    for k, ph in enumerate(judged["admit"]):
+        row: dict[str, Any] = {"scenario": scenario.key, "seed": seed,
+                               "phase": [ph.start, ph.end], "after_change": k > 0,
+                               "oracle": ph.oracle, "modes": {}}
+        for mode, phases in judged.items():
+            if k >= len(phases):  # the default platform's shorter run (real scenarios only)
+                continue
+            mine = phases[k]
+            react = reaction(runs[mode], mine)
+            row["modes"][mode] = {"final": mine.final, "reaction_s": react.seconds,
+                                  "rounds": react.rounds, "level": react.level}
+        rows.append(row)
+    return rows
+
+
+def _judge_task(task: tuple[Scenario, int, dict[str, Curve]]) -> list[dict[str, Any]]:
+    return judge(*task)
+
+
+def verdicts(row: dict[str, Any], mode: str) -> tuple[bool, bool]:
+    """Whether the mode ended at the oracle on every node of the phase, and within one."""
+    final, oracle = row["modes"][mode]["final"], row["oracle"]
+    return (all(f >= o for f, o in zip(final, oracle, strict=True)),
+            all(f >= o - 1 for f, o in zip(final, oracle, strict=True)))
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per mode: phases (scenario x phase x seed) at the oracle on every node, within one
+    on every node, out of how many."""
+    out = {}
+    for mode in JUDGED:
+        judged = [verdicts(r, mode) for r in rows if mode in r["modes"]]
+        out[mode] = {"at_oracle": sum(a for a, _ in judged),
+                     "within_one": sum(w for _, w in judged), "phases": len(judged)}
+    return out
+
+
+def reactions(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per policy, over the phases a change starts: how many held their level, and the
+    median and largest reaction time (s) and rounds of those."""
+    out = {}
+    for mode in POLICY_MODES:
+        held = [r["modes"][mode] for r in rows if r["after_change"]
+                and r["modes"][mode]["reaction_s"] is not None]
+        events = sum(r["after_change"] for r in rows)
+        seconds = [h["reaction_s"] for h in held]
+        rounds = [h["rounds"] for h in held if h["rounds"] is not None]
+        out[mode] = {"events": events, "held": len(held),
+                     "median_s": float(np.median(seconds)) if seconds else None,
+                     "max_s": max(seconds, default=None),
+                     "median_rounds": float(np.median(rounds)) if rounds else None,
+                     "max_rounds": max(rounds, default=None)}
+    return out
+
+
+def _nodes(values: list[int]) -> str:
+    return " ".join(str(v) for v in values)
+
+
+def _reaction_cell(cell: dict[str, Any], after_change: bool) -> str:
+    if not after_change:
+        return ""
+    if cell["reaction_s"] is None:
+        return f"never ({cell['level']})"
+    rounds = "" if cell["rounds"] is None else f", {cell['rounds']} r"
+    return f"{cell['reaction_s']:.0f} s{rounds}"
+
+
+def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool) -> str:
+    """The report: the headline counts, the reaction times, then the table row by row."""
+    head = summary(rows)
+    lines = [f"# Under real conditions{' (quick)' if quick else ''}", "",
+             "Made by `python3 -m bench.experiments --real-conditions"
+             f"{' --quick' if quick else ''}`: every simulated scenario (s*, x*, o*) with the "
+             "measured curves (calibration.json, else nominal), a node speed that drifts "
+             f"(log-speed spread {PAPER_DRIFT.spread:g}, correlation {PAPER_DRIFT.correlation_s:g}"
+             " s), the packing shortfall of capped single-threaded containers and a "
+             f"log-latency scatter of {NOISE:g}, over {seeds} seed(s). Each phase's final |S| "
+             "(median over its tail) per node against the oracle per node. "
+             f"'{HELD}': the oracle's own allocation held as caps under the same conditions "
+             "(no policy), what its choice gets window by window.", "",
+             "| mode | phases at the oracle (every node) | within one (every node) | phases |",
+             "|---|---|---|---|"]
+    lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['phases']} |"
+              for mode, c in head.items()]
+    lines += ["", "Reaction after a change (until |S| holds the oracle, or the phase's final "
+              "|S| if lower):", "",
+              "| policy | phases after a change | held | median | largest |",
+              "|---|---|---|---|---|"]
+    for mode, r in reactions(rows).items():
+        median = "-" if r["median_s"] is None else \
+            f"{r['median_s']:.0f} s, {r['median_rounds']:g} rounds"
+        largest = "-" if r["max_s"] is None else f"{r['max_s']:.0f} s, {r['max_rounds']} rounds"
+        lines.append(f"| {mode} | {r['events']} | {r['held']} | {median} | {largest} |")
+    lines += ["", "| scenario | phase (s) | seed | oracle | "
+              + " | ".join(JUDGED) + " | " + " | ".join(f"{m} reaction" for m in POLICY_MODES)
+              + " |", "|---" * (4 + len(JUDGED) + len(POLICY_MODES)) + "|"]
+    for r in rows:
+        modes = r["modes"]
+        finals = [_nodes(modes[m]["final"]) if m in modes else "-" for m in JUDGED]
+        react = [_reaction_cell(modes[m], r["after_change"]) for m in POLICY_MODES]
+        lines.append(f"| {r['scenario']} | {r['phase'][0]:.0f}-{r['phase'][1]:.0f} | "
+                     f"{r['seed']} | {_nodes(r['oracle'])} | " + " | ".join(finals + react)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | None = None,
+        jobs: int = JOBS) -> dict[str, dict[str, int]]:
+    """Judge every scenario (or those named in `only`) over `seeds` seeds; write
+    real-conditions.md and .json in `out`, print the table, return the headline counts."""
+    curves = load_curves(out / "calibration.json")
+    scenarios = [sc for sc in all_scenarios(quick) if not only or sc.key in only]
+    if only and len(scenarios) < len(only):
+        known = {sc.key for sc in all_scenarios(quick)}
+        raise SystemExit(f"unknown scenarios: {sorted(set(only) - known)}")
+    tasks = [(sc, seed, curves) for sc in scenarios for seed in range(seeds)]
+    progress = Progress(len(tasks) + 1)
+    progress.step(f"{len(scenarios)} scenarios x {seeds} seeds x {len(JUDGED)} modes, "
+                  f"{jobs} processes")
+    rows: list[dict[str, Any]] = []
+    with multiprocessing.get_context("fork").Pool(max(1, min(jobs, len(tasks)))) as pool:
+        for task, judged in zip(tasks, pool.imap(_judge_task, tasks), strict=True):
+            progress.step(f"judged {task[0].key}, seed {task[1]}")
+            rows += judged
+    text = markdown(rows, seeds, quick)
+    (out / f"{NAME}.md").write_text(text)
+    head = summary(rows)
+    (out / f"{NAME}.json").write_text(json.dumps(
+        {"quick": quick, "seeds": seeds, "noise": NOISE,
+         "drift": {"spread": PAPER_DRIFT.spread, "correlation_s": PAPER_DRIFT.correlation_s},
+         "packing": REAL_CONDITIONS.packing, "summary": head, "reactions": reactions(rows),
+         "rows": rows}, indent=1) + "\n")
+    progress.close(f"results in {out / NAME}.md")
+    print(text)
+    return head
