@@ -148,9 +148,9 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
     lam c) for every lam >= 0: the least D over a grid of lam is returned. Without noise it
     is the oracle's count, or above it by less than one (the bound relaxes counting whole
     containers). The noise comes after the controller's choice, so it bounds the mean |S|
-    over any stretch of windows, whatever the controller does. A service held busy at
-    least RHO_MAX (1 - alpha) of its cap counts in S below its band too (as Run.classes
-    counts it), so its P(c) is then only the upper Phi."""
+    over any stretch of windows, whatever the controller does. An open-loop service counts
+    in S at any latency up to (1 + alpha) its target (as Run.classes counts it), so its P(c)
+    is only the upper Phi."""
     state = state_at(node, curves, at)
     if not state.target:
         return 0.0
@@ -162,10 +162,10 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
         least = min(state.floor, float(cores[ok].min())) if ok.any() else state.floor
         held = cores >= least - 1e-12
         c, log_l = cores[held][::_BOUND_STRIDE], np.log(latency[held][::_BOUND_STRIDE])
-        at_rho = busy[held][::_BOUND_STRIDE] >= RHO_MAX * (1 - alpha)  # NaN: never
-        seen = (phi((math.log((1 + alpha) * target) - log_l) / scatter)
-                - np.where(at_rho, 0.0, phi((math.log((1 - alpha) * target) - log_l)
-                                            / scatter)))
+        one_sided = not np.isnan(busy).all()  # an open-loop service
+        seen = phi((math.log((1 + alpha) * target) - log_l) / scatter)
+        if not one_sided:
+            seen = seen - phi((math.log((1 - alpha) * target) - log_l) / scatter)
         dual += (seen[None, :] - _LAMBDAS[:, None] * c[None, :]).max(axis=1)
     return float(dual.min())
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dqoes_cg.policy import RHO_MAX, Cls, classify
+from dqoes_cg.policy import Cls, classify
 
 from .sim import Container, Node, Windows
 
@@ -59,17 +59,14 @@ class Run:
 
     def classes(self, alpha: float = 0.10) -> np.ndarray:
         """(T, n) Cls codes of each window, as the policy classifies (IDLE: no request),
-        but an open-loop service faster than its band counts in S when it is capped and
-        busy at least RHO_MAX (1 - alpha) of its cap (usage / limit): it holds only what it
-        safely needs (the oracle counts it so, analysis.counted). Without a cap (the default
-        platform) it stays in G."""
+        but an open-loop service faster than its band counts in S: its users wait no more
+        than its target allows, and the CPU it holds beyond its need is charged by the
+        comparison with the oracle, which counts it at its least share (analysis.counted)."""
         cls = np.array([classify(target, latency, alpha)
                         for target, latency in zip(self.targets, self.latency_s, strict=True)],
                        np.int8).reshape(self.latency_s.shape)
         is_open = np.array([c.open_loop for c in self.containers], bool)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            held = self.usage_cores / self.limit_cores >= RHO_MAX * (1 - alpha)
-        cls[(cls == Cls.G) & held & is_open] = Cls.S
+        cls[(cls == Cls.G) & is_open] = Cls.S
         return cls
 
     def satisfied(self, alpha: float = 0.10, node: int | None = None) -> np.ndarray:
