@@ -1,4 +1,4 @@
-"""The daemon's configuration (dqoesd's options) and its places on the filesystem."""
+"""The daemon's configuration (dqoesd's options)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cgtable import DEFAULT_PERIOD_USEC
+from .paths import RUN_DIR, SOCKET_NAME, STATE_DIR
 from .policy import DEFAULT_POLICY, PolicyParams
 from .ring import DEFAULT_CAPACITY
-
-RUN_DIR = Path("/run/dqoes")
-"""The runtime directory: the control socket and the rings (rings/<container>/ring)."""
-STATE_DIR = Path("/var/lib/dqoes")
-SOCKET_NAME = "dqoes.sock"
-DEFAULT_SOCKET = RUN_DIR / SOCKET_NAME
-MANAGER_SOCKET = RUN_DIR / "manager.sock"  # dqoes-manager's control socket
 
 
 @dataclass

@@ -52,8 +52,9 @@ from .fleet import Fleet
 from .labels import Objective
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
+from .snapshot import Counters, build
 from .state import ENGINE_SOURCES, INFERENCE, StateError, StateStore
-from .status import Counters, Listing, Status, build, listing, refused
+from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
 from .targets import Binder, ResolveMany, TargetError, Targets
 from .watcher import Seen, Watcher

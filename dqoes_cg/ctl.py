@@ -28,9 +28,9 @@ from typing import Any, NoReturn
 from . import __version__
 from .cluster.show import format_cluster
 from .cluster.view import ClusterView
-from .config import DEFAULT_SOCKET, MANAGER_SOCKET
 from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
+from .paths import DEFAULT_SOCKET, MANAGER_SOCKET
 from .state import METRICS, TRAINING
 from .status import Listing, Status
 from .table import format_table
