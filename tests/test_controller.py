@@ -345,9 +345,9 @@ def test_a_fight_is_left_to_the_other_writer(any_host: Host,
     assert "rewritten by someone else 3 times" in caplog.text
     shown = format_status(c.status())
     assert f"{a}" in shown and "!" in shown and "1 contested" in shown, shown
-    metrics = render(c.status())
-    assert f'dqoes_container_foreign_writes_total{{container="{a}"}} 3' in metrics
-    assert f'dqoes_container_contested{{container="{a}"}} 1' in metrics
+    metrics = render(c.status())[0].decode()
+    assert f'dqoes_container_foreign_writes_total{{container="{a}"}} 3.0' in metrics
+    assert f'dqoes_container_contested{{container="{a}"}} 1.0' in metrics
     for k in range(5):  # left alone while contested, and not counted again
         write(host.a / "cpu.max", f"{30000 + k} 100000\n")
         c.tick(now + 10 + k)
