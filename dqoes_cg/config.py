@@ -27,6 +27,7 @@ class Config:
     # read-back every tick would cost more than the rest of the sense step at 1,000.
     reconcile_interval: float = 2.0
     mount: Path | None = None  # the cgroup2 mount; None: found in /proc/self/mountinfo
+    recommend: bool = False  # at start: decide, show the limits it would set, write none
 
     @property
     def socket(self) -> Path:

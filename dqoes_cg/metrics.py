@@ -9,9 +9,11 @@ format version 0.0.4:
 
     per container  target, measured latency, class, CPU limit and usage, throttling, samples,
                    foreign writes of its cpu.max, whether it is contested; for a training
-                   job, its list (as its class), evaluation value and growth efficiency
+                   job, its list (as its class), evaluation value and growth efficiency;
+                   recommending only, the limit it would set and the class expected
     per host       containers per class, ticks, decisions, reconcile corrections, ring faults
-                   and lost records, systemd updates, the CPU budget and the listener's interval
+                   and lost records, systemd updates, the CPU budget, the listener's interval,
+                   whether it acts
 
 The endpoint is open to anyone who can reach the address: `MetricsServer` bounds what each
 client may hold (see there).
@@ -122,8 +124,18 @@ def families(status: Status) -> list[Metric]:
         "growth_efficiency",
         "A training job's growth efficiency at the last decision: progress of its evaluation "
         "value per second, per fraction of the CPU budget used")
+    would = _per_container("recommended_cpu_limit_cores",
+                           "Recommend-only: the CPU limit the daemon would set, in CPUs")
+    expected = GaugeMetricFamily(
+        "dqoes_container_expected_class",
+        "Recommend-only: 1 for the class (G, S, B) the container is expected in under the "
+        "limit the daemon would set", labels=["container", "class"])
     for c in status.containers:
         name = [_text(c.name)]
+        if c.recommended_limit_cores is not None:
+            would.add_metric(name, c.recommended_limit_cores)
+        if c.expected_class is not None:
+            expected.add_metric([*name, c.expected_class], 1)
         training = c.kind == TRAINING
         if not training:
             target.add_metric([*name, c.metric or ""], _number(c.target_s))
@@ -155,7 +167,10 @@ def families(status: Status) -> list[Metric]:
     updates.add_metric(["failed"], h.systemd_failed)
     return [
         target, measured, cls, limit, usage, throttled, samples, foreign, contested, evaluation,
-        growth, containers,
+        growth, would, expected, containers,
+        GaugeMetricFamily("dqoes_acting",
+                          "1 while the daemon writes the limits it decides, 0 while it only "
+                          "recommends them", int(h.acting)),
         CounterMetricFamily("dqoes_ticks", "Ticks of the control loop", h.ticks),
         CounterMetricFamily("dqoes_decisions", "Decisions of the policy", h.decisions),
         CounterMetricFamily("dqoes_reconcile_corrections",

@@ -38,6 +38,10 @@ class ContainerStatus:
     evaluation: float | None = None  # a training job's latest reported value
     growth_efficiency: float | None = None  # its G at the last decision: progress per
     #                                         second per fraction of the budget used
+    # Recommend-only (the daemon writes no limit): the limit it would set, in CPUs, and the
+    # class it expects the container in under it (G, S, B; None: no estimate)
+    recommended_limit_cores: float | None = None
+    expected_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class HostStatus:
     NL: int = 0  # training jobs per list
     WL: int = 0
     CL: int = 0
+    acting: bool = True  # False: recommend only, no limit is written
 
 
 @dataclass(frozen=True)

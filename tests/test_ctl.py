@@ -299,3 +299,19 @@ def test_the_cli_imports_no_numpy(tmp_path: Path) -> None:
                              timeout=120, cwd=Path(__file__).parents[1])
     assert run.returncode == 0, run.stderr
     assert "web" in run.stdout and "|S| 1 of 1 tasks" in run.stdout
+
+
+def test_recommend_and_act_from_the_command_line(tmp_path: Path) -> None:
+    d = Daemon(tmp_path)
+    make_cgroup(d.mount, "pods/web", cpu_max="50000 100000\n")
+    d.start("--recommend")
+    try:
+        assert d.ctl("set-target", "pods/web", "40ms").returncode == 0
+        assert "recommend only: no limit is written" in d.ctl("status").stdout
+        r = d.ctl("act")
+        assert r.returncode == 0 and "acting" in r.stdout, r.stderr
+        assert json.loads(d.ctl("status", "--json").stdout)["host"]["acting"] is True
+        assert d.ctl("recommend").returncode == 0
+        assert json.loads(d.ctl("status", "--json").stdout)["host"]["acting"] is False
+    finally:
+        d.stop()
