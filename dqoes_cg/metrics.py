@@ -52,8 +52,13 @@ milliseconds)."""
 MAX_CONNECTIONS = 64
 MAX_PER_ADDRESS = 8
 MAX_REQUEST_BYTES = 8192  # a request's line and headers
+MAX_RENDERINGS = 4  # kept of one snapshot, for as many formats
 LISTEN_BACKLOG = 128
-HANGUP_LOG_EVERY_S = 60.0
+LOG_EVERY_S = 60.0  # a line about clients' hang-ups or failed accepts, at most
+ACCEPT_BACKOFF_S = 0.1  # after a failed accept (out of descriptors), rather than spin
+SNAPSHOT_MAX_AGE_S = 1.0
+"""A scrape within this time of the last snapshot is answered from it: however many
+scrapes come, the loop's lock is taken for a snapshot once a second at most."""
 
 Snapshot = Callable[[], Status]
 
@@ -220,8 +225,13 @@ class MetricsServer:
     its request at once, is served. (Per address, not per uid: the peer of a TCP connection
     has no credentials to ask for.)"""
 
-    def __init__(self, address: tuple[str, int], snapshot: Snapshot) -> None:
+    def __init__(self, address: tuple[str, int], snapshot: Snapshot,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._snapshot = snapshot
+        self._clock = clock
+        self._status: Status | None = None  # the last snapshot, taken at _rendered_at
+        self._rendered_at = -math.inf
+        self._rendered: dict[str, bytes] = {}  # its expositions, by content type
         self._listener = socket.create_server(address, family=_family_of(address[0]),
                                               backlog=LISTEN_BACKLOG)
         self._listener.setblocking(False)
@@ -233,7 +243,7 @@ class MetricsServer:
         self._clients: dict[socket.socket, _Client] = {}  # oldest first
         self._closing = False
         self._hangups = 0  # since the last line about them
-        self._hangups_logged_at = -math.inf
+        self._logged_at = {"hang-up": -math.inf, "accept": -math.inf}
         self._thread = threading.Thread(target=self._serve, name="dqoes-metrics", daemon=True)
         self._thread.start()
 
@@ -273,7 +283,9 @@ class MetricsServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # out of descriptors: the connection waits in the backlog
-                log.warning("metrics: accept failed: %s", e.strerror or e)
+                if self._due("accept"):
+                    log.warning("metrics: accept failed: %s", e.strerror or e)
+                time.sleep(ACCEPT_BACKOFF_S)
                 return
             sock.setblocking(False)
             same = [c for c in self._clients.values() if c.address == peer[0]]
@@ -332,7 +344,7 @@ class MetricsServer:
         accept = next((value for name, _, value in (h.partition(":") for h in headers)
                        if name.strip().lower() == "accept"), "")
         try:
-            body, content_type = render(self._snapshot(), accept)
+            body, content_type = self._render(accept)
         except Exception:  # a bug must not take the thread down with it
             log.exception("metrics: rendering failed")
             return _response(HTTPStatus.INTERNAL_SERVER_ERROR)
@@ -343,14 +355,36 @@ class MetricsServer:
         self._selector.unregister(client.sock)
         client.sock.close()
 
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        """The exposition for `accept`, of a snapshot at most SNAPSHOT_MAX_AGE_S old."""
+        now = self._clock()
+        if now - self._rendered_at >= SNAPSHOT_MAX_AGE_S:
+            self._rendered.clear()
+            self._status = self._snapshot()
+            self._rendered_at = now
+        assert self._status is not None
+        content_type = choose_encoder(accept)[1]
+        if content_type not in self._rendered:
+            if len(self._rendered) >= MAX_RENDERINGS:  # the Accept header is the client's
+                self._rendered.clear()
+            self._rendered[content_type] = render(self._status, accept)[0]
+        return self._rendered[content_type], content_type
+
     def _hung_up(self) -> None:
         """One line a minute at most: a client may hang up as often as it likes."""
         self._hangups += 1
-        now = time.monotonic()
-        if now - self._hangups_logged_at >= HANGUP_LOG_EVERY_S:
+        if self._due("hang-up"):
             log.info("metrics: %d client(s) hung up before their reply was sent",
                      self._hangups)
-            self._hangups, self._hangups_logged_at = 0, now
+            self._hangups = 0
+
+    def _due(self, what: str) -> bool:
+        """Whether a line about `what` may be logged now (one a minute)."""
+        now = time.monotonic()
+        if now - self._logged_at[what] < LOG_EVERY_S:
+            return False
+        self._logged_at[what] = now
+        return True
 
 
 def _response(status: HTTPStatus, body: bytes = b"",

@@ -4,6 +4,7 @@ serving them over a fake cgroup tree."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import math
 import select
@@ -29,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dqoes_cg.metrics import (
     MAX_CONNECTIONS,
     REQUEST_DEADLINE_S,
+    SNAPSHOT_MAX_AGE_S,
     MetricsServer,
     parse_listen,
     render,
@@ -160,7 +162,9 @@ def _get(url: str) -> tuple[int, str, str]:
 
 def test_server_answers_metrics_only_and_survives_a_failed_snapshot() -> None:
     snapshots = [STATUS, {}, STATUS]  # the second is broken: a 500, then service goes on
-    server = MetricsServer(("127.0.0.1", 0), lambda: snapshots.pop(0))
+    clock = itertools.count(0, SNAPSHOT_MAX_AGE_S)  # a new snapshot for every scrape
+    server = MetricsServer(("127.0.0.1", 0), lambda: snapshots.pop(0),
+                           clock=lambda: next(clock))
     try:
         base = f"http://127.0.0.1:{server.address[1]}"
         status, content_type, body = _get(base + "/metrics")
@@ -169,6 +173,32 @@ def test_server_answers_metrics_only_and_survives_a_failed_snapshot() -> None:
         assert _get(base + "/metrics")[0] == 500
         assert _get(base + "/")[0] == 404
         assert _get(base + "/metrics?x=1")[0] == 200
+    finally:
+        server.close()
+
+
+def test_scrapes_take_one_snapshot_a_second_at_most() -> None:
+    """However many scrapes come, in whatever formats, the daemon's lock is taken for a
+    snapshot once per SNAPSHOT_MAX_AGE_S."""
+    taken = []
+    now = [0.0]
+
+    def snapshot() -> Status:
+        taken.append(now[0])
+        return STATUS
+
+    server = MetricsServer(("127.0.0.1", 0), snapshot, clock=lambda: now[0])
+    try:
+        url = f"http://127.0.0.1:{server.address[1]}/metrics"
+        openmetrics = urllib.request.Request(
+            url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        for _ in range(5):
+            assert _get(url)[0] == 200
+            with urllib.request.urlopen(openmetrics, timeout=30) as reply:
+                assert reply.headers["Content-Type"].startswith("application/openmetrics")
+        now[0] += SNAPSHOT_MAX_AGE_S
+        assert _get(url)[0] == 200
+        assert taken == [0.0, SNAPSHOT_MAX_AGE_S]
     finally:
         server.close()
 
