@@ -11,8 +11,8 @@
 The standard library only (mmap, struct, fcntl): no compiler, no dependency. It writes the
 ring format version 1 of dqoes-cg (docs/ring-format.md): claim a slot by adding one to the
 ring's counter, write the slot, publish it by its sequence word last. Python has no atomic
-add on shared memory, so a record holds a lock while it claims and writes: a thread lock
-within the process, and a record lock (`lockf`) on the counter's bytes across the
+add on shared memory, so a record holds a lock while it claims and writes: one thread lock
+for the whole process, and a record lock (`lockf`) on the counter's bytes across the
 processes that share the ring through this module (a server's forked workers). A C
 producer (dqoes_probe.h) or dqoes-cg's cffi probe adds to the counter without that lock:
 beside one of them in the same ring, a record may, rarely, land in a slot the other
@@ -36,7 +36,6 @@ import stat
 import struct
 import sys
 import time
-import weakref
 
 TYPE_CHECKING = False  # typing's, without importing typing (a third of this module's import)
 if TYPE_CHECKING:
@@ -71,6 +70,20 @@ _HEADER = struct.Struct("=QIIIIQ")  # magic, version, header_size, slot_size, re
 _WORD = struct.Struct("=Q")
 _BODY = struct.Struct("=QQQ")  # a slot's end word, payload and check; its seq comes first
 _DOUBLE = struct.Struct("=d")
+
+# One lock for every record of the process, whatever the probe: the record lock (lockf) is
+# the process's, so two probes on one ring would not keep each other's threads out.
+_lock = _thread.allocate_lock()
+
+
+def _new_lock() -> None:
+    """In a child: another thread of the parent may have held the lock when it forked."""
+    global _lock
+    _lock = _thread.allocate_lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
 
 def check(seq: int, end: int, payload: int) -> int:
     """A slot's check word (docs/ring-format.md), in 64-bit wrapping arithmetic."""
@@ -145,12 +158,8 @@ class Probe:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._lock = _thread.allocate_lock()
         self._ring = _Ring.open(path)
         self._next_check_ns = time.monotonic_ns() + RECHECK_NS
-        # A child forked while another thread held the lock would wait for it forever.
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _new_lock(ref))
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] | None = None, *, quiet: bool = False) -> Probe:
@@ -187,7 +196,7 @@ class Probe:
     def _put(self, end: int, payload: int, valid: bool) -> None:
         """Writes the record (its end word and payload) if it is valid, else counts it as
         dropped; without a ring, nothing."""
-        with self._lock:
+        with _lock:
             ring = self._current(end & TIME_MASK)
             if ring is None:
                 return
@@ -220,7 +229,7 @@ class Probe:
 
     def close(self) -> None:
         """Detaches; later records do nothing."""
-        with self._lock:
+        with _lock:
             if self._ring is not None:
                 self._ring.close()
             self._ring = None
@@ -232,12 +241,6 @@ class Probe:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
-
-
-def _new_lock(ref: weakref.ref[Probe]) -> None:
-    probe = ref()
-    if probe is not None:
-        probe._lock = _thread.allocate_lock()
 
 
 class Measure:

@@ -143,6 +143,29 @@ def test_forked_workers_and_threads_lose_nothing(tmp_path: Path) -> None:
         assert (rings.torn[0], rings.lost_overrun[0], rings.invalid[0]) == (0, 0, 0)
 
 
+def test_two_probes_on_one_ring_in_one_process_lose_nothing(tmp_path: Path) -> None:
+    """Record locks are the process's, not a thread's: the probes share one thread lock.
+    (Threads switch every microsecond here, to meet between a claim's read and write.)"""
+    path = ring_path(tmp_path, "two")
+    create_ring(path, 1 << 16)
+    n = 2000
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with RingSet([path], 1 << 16) as rings, Probe.open(path) as first, \
+                Probe.open(path) as second:
+            threads = [threading.Thread(target=_record_many, args=(probe, k * 2 * n, n))
+                       for k, probe in enumerate((first, second))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sorted(latencies(rings)) == list(range(1, 4 * n + 1))
+            assert (rings.torn[0], rings.lost_overrun[0]) == (0, 0)
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_without_a_ring_it_records_nothing_and_says_so_once(
         tmp_path: Path, capfd: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
