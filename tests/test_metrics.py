@@ -137,6 +137,22 @@ def test_promtool_finds_an_empty_controller_clean() -> None:
     _promtool_check(_text(Status.from_json({"host": host, "containers": []})))
 
 
+def test_recommending_carries_the_limit_it_would_set_and_the_class_expected() -> None:
+    doc = {"host": {**STATUS_JSON["host"], "acting": False}, "containers": [
+        _container("web", "B", measured_s=0.06, cpu_limit_cores=0.5,
+                   recommended_limit_cores=0.8, expected_class="S")]}
+    text = _text(Status.from_json(doc))
+    samples = _samples(text)
+    assert samples[_key("dqoes_container_recommended_cpu_limit_cores", container="web")] == 0.8
+    assert samples[_key("dqoes_container_expected_class", container="web",
+                        **{"class": "S"})] == 1
+    assert samples[_key("dqoes_acting")] == 0
+    assert _key("dqoes_container_recommended_cpu_limit_cores", container="web") not in \
+        _samples(_text(STATUS))  # acting: nothing recommended
+    if PROMTOOL is not None:
+        _promtool_check(text)
+
+
 @pytest.mark.parametrize(("text", "address"), [
     ("9750", ("127.0.0.1", 9750)), ("0.0.0.0:9750", ("0.0.0.0", 9750)),
     ("[::1]:9750", ("::1", 9750)), ("localhost:80", ("localhost", 80)),
