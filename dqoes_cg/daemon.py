@@ -35,6 +35,10 @@ from .systemd_units import UnitLimiter
 
 log = logging.getLogger("dqoesd")
 
+SNAPSHOT_WAIT_S = 0.5
+"""How long a scrape waits for the loop's lock before it is answered from the last
+snapshot."""
+
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows an option's default unless it has none or its text already says it."""
@@ -123,8 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             return api.handle(controller, op, req, peer)
 
     def snapshot() -> Any:
-        with lock:
+        """None while a tick holds the lock for long (a burst of containers): the metrics
+        are served from the last snapshot meanwhile."""
+        if not lock.acquire(timeout=SNAPSHOT_WAIT_S):
+            return None
+        try:
             return controller.status()
+        finally:
+            lock.release()
 
     # Before the control socket exists: a client that sees it may signal us at once.
     stopping = threading.Event()

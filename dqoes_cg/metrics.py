@@ -60,7 +60,9 @@ SNAPSHOT_MAX_AGE_S = 1.0
 """A scrape within this time of the last snapshot is answered from it: however many
 scrapes come, the loop's lock is taken for a snapshot once a second at most."""
 
-Snapshot = Callable[[], Status]
+Snapshot = Callable[[], Status | None]
+"""The controller's status now, or None while the loop is too busy to give it (a long tick):
+the last one is served meanwhile."""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -207,6 +209,10 @@ def render(status: Status, accept: str = "") -> tuple[bytes, str]:
     return encode(registry), content_type
 
 
+class SnapshotUnavailable(Exception):
+    """No snapshot could be taken yet."""
+
+
 @dataclass(eq=False)
 class _Client:
     sock: socket.socket
@@ -345,6 +351,8 @@ class MetricsServer:
                        if name.strip().lower() == "accept"), "")
         try:
             body, content_type = self._render(accept)
+        except SnapshotUnavailable:
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"the daemon is busy: try again\n")
         except Exception:  # a bug must not take the thread down with it
             log.exception("metrics: rendering failed")
             return _response(HTTPStatus.INTERNAL_SERVER_ERROR)
@@ -359,10 +367,12 @@ class MetricsServer:
         """The exposition for `accept`, of a snapshot at most SNAPSHOT_MAX_AGE_S old."""
         now = self._clock()
         if now - self._rendered_at >= SNAPSHOT_MAX_AGE_S:
-            self._rendered.clear()
-            self._status = self._snapshot()
-            self._rendered_at = now
-        assert self._status is not None
+            status = self._snapshot()
+            if status is not None:
+                self._status, self._rendered_at = status, now
+                self._rendered.clear()
+        if self._status is None:  # busy since the start: no snapshot yet
+            raise SnapshotUnavailable
         content_type = choose_encoder(accept)[1]
         if content_type not in self._rendered:
             if len(self._rendered) >= MAX_RENDERINGS:  # the Accept header is the client's

@@ -219,6 +219,22 @@ def test_scrapes_take_one_snapshot_a_second_at_most() -> None:
         server.close()
 
 
+def test_a_busy_loop_is_answered_from_the_last_snapshot() -> None:
+    """While a long tick holds the loop's lock, the snapshot gives up (None): the scrape is
+    answered from the last one, or with 503 before there is any."""
+    answers: list[Status | None] = [None, STATUS, None]
+    clock = itertools.count(0, SNAPSHOT_MAX_AGE_S)
+    server = MetricsServer(("127.0.0.1", 0), lambda: answers.pop(0), clock=lambda: next(clock))
+    try:
+        url = f"http://127.0.0.1:{server.address[1]}/metrics"
+        assert _get(url)[0] == 503
+        assert _get(url)[0] == 200
+        status, _, body = _get(url)
+        assert status == 200 and body == _text(STATUS)
+    finally:
+        server.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
