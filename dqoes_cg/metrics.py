@@ -37,7 +37,11 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     Metric,
 )
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    choose_encoder,
+    generate_latest,
+)
 from prometheus_client.registry import Collector
 
 from .state import TRAINING
@@ -199,13 +203,23 @@ def families(status: Status) -> list[Metric]:
     ]
 
 
+def _encoder(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """prometheus_client's encoder and content type for an Accept header; the text format
+    0.0.4 for a header its parser cannot read (it raises on `version=abc`): the header is
+    the client's."""
+    try:
+        return choose_encoder(accept)
+    except Exception:
+        return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+
+
 def render(status: Status, accept: str = "") -> tuple[bytes, str]:
     """The exposition of a status snapshot in the format `accept` (an HTTP Accept header)
     asks for: OpenMetrics, or Prometheus's text format (the default); and its content
     type."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatusCollector(status))
-    encode, content_type = choose_encoder(accept)
+    encode, content_type = _encoder(accept)
     return encode(registry), content_type
 
 
@@ -249,7 +263,7 @@ class MetricsServer:
         self._clients: dict[socket.socket, _Client] = {}  # oldest first
         self._closing = False
         self._hangups = 0  # since the last line about them
-        self._logged_at = {"hang-up": -math.inf, "accept": -math.inf}
+        self._logged_at = {"hang-up": -math.inf, "accept": -math.inf, "render": -math.inf}
         self._thread = threading.Thread(target=self._serve, name="dqoes-metrics", daemon=True)
         self._thread.start()
 
@@ -354,7 +368,8 @@ class MetricsServer:
         except SnapshotUnavailable:
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"the daemon is busy: try again\n")
         except Exception:  # a bug must not take the thread down with it
-            log.exception("metrics: rendering failed")
+            if self._due("render"):
+                log.exception("metrics: rendering failed")
             return _response(HTTPStatus.INTERNAL_SERVER_ERROR)
         return _response(HTTPStatus.OK, body, content_type)
 
@@ -373,7 +388,7 @@ class MetricsServer:
                 self._rendered.clear()
         if self._status is None:  # busy since the start: no snapshot yet
             raise SnapshotUnavailable
-        content_type = choose_encoder(accept)[1]
+        content_type = _encoder(accept)[1]
         if content_type not in self._rendered:
             if len(self._rendered) >= MAX_RENDERINGS:  # the Accept header is the client's
                 self._rendered.clear()

@@ -352,6 +352,18 @@ def test_hang_ups_write_one_short_line_at_most(
     assert len(lines) <= 1 and all("\n" not in r.getMessage() for r in lines), caplog.text
 
 
+@pytest.mark.parametrize("accept", [
+    "application/openmetrics-text; version=abc", "text/plain; version=x.y", ";;;,,,",
+    "text/plain; version=99999999999999999999.0", "\x00\xff" * 100, "a" * 6000])
+def test_any_accept_header_gets_an_exposition_and_no_log_line(
+        server: MetricsServer, caplog: pytest.LogCaptureFixture, accept: str) -> None:
+    with socket.create_connection(("127.0.0.1", server.address[1]), timeout=30) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nAccept: " + accept.encode("latin-1")
+                  + b"\r\n\r\n")
+        assert b" 200 " in s.makefile("rb").readline()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_a_huge_or_malformed_request_is_refused(server: MetricsServer) -> None:
     for request, status in ((b"GET /metrics HTTP/1.1\r\nX: " + b"x" * 10_000, b" 431 "),
                             (b"NONSENSE\r\n\r\n", b" 400 "),
