@@ -5,12 +5,14 @@ PREFIX ?= /usr/local
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 C_SOURCES = $(wildcard $(ROOT)/csrc/*.[ch] $(ROOT)/lab/guest/*.c $(ROOT)/bench/*.c)
 
-.PHONY: deps demo test test-swarm lint install install-package install-unit uninstall
+.PHONY: deps demo test test-swarm lint install install-package install-unit uninstall \
+	probe install-probe
 
 # System packages for the real-kernel guest, then the package itself (editable) with its extras.
 deps:
 	bash $(ROOT)/lab/guest/install-deps
-	cd $(ROOT) && $(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench,lab]'
+	cd $(ROOT) && $(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test,bench,lab]' \
+	    -e probe
 
 # The demo runs here if this host has cgroup v2 with the cpu controller (its workers Docker
 # containers if an engine answers, else processes), else in a qemu guest with a real kernel,
@@ -37,6 +39,18 @@ test: deps lint
 # The multi-node Swarm tests (their own guest, about 30 minutes on a loaded host), not part of `make test`.
 test-swarm: deps
 	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
+
+# --- the producer alone (dqoes-probe: pure Python, no dependency), for a service's image ------
+# Its wheel in $(PROBE_DIST) (copy it into an image: `pip install dqoes_probe-*.whl`), then
+# installed for $(PYTHON). Offline: PIP_FLAGS=--no-build-isolation.
+PROBE_DIST ?= $(ROOT)/probe/dist
+probe:
+	$(PYTHON) -m pip wheel -q --no-deps --disable-pip-version-check $(PIP_FLAGS) \
+	    -w $(PROBE_DIST) $(ROOT)/probe
+
+install-probe: probe
+	$(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+	    --force-reinstall --no-deps --no-index --find-links $(PROBE_DIST) dqoes-probe
 
 # --- dqoesd and the cluster's services (run as root; see README, "Running it as a service"
 # and "The cluster") ------------------------------------------------------------------------

@@ -13,6 +13,11 @@
 A cgroup that is also a systemd unit is told the same limit through systemd
 (systemd_units), which would otherwise put its own value back on a daemon-reload.
 
+Recommend-only (`acting` false): `apply` keeps the limits it would write in `limit` and
+writes nothing, and `reconcile` only reads every cpu.max back (the values in force, for
+status). `stop_acting` gives back what was written before; `restore` writes only where a
+limit of ours is in force, so in a run that never acted no cpu.max is ever written.
+
 Foreign writes. A value of someone else's is found by the reconcile, or by `apply` itself,
 which reads cpu.max before it writes over a value of ours. Each is counted per container
 (`foreign_writes`) and logged (at most once a minute per container). Two controllers that
@@ -104,8 +109,9 @@ class Actuator:
     def __init__(self, table: CgroupTable, names: Sequence[str], originals: Sequence[str | None],
                  cpus: float, journal: Journal, *, period_usec: int,
                  reconcile_interval: float, limiter: UnitLimiter | None, mount: Path,
-                 previous: Actuator | None = None) -> None:
+                 previous: Actuator | None = None, acting: bool = True) -> None:
         n = len(names)
+        self.acting = acting
         self.table = table
         self.names = list(names)
         self.cpus = cpus
@@ -116,7 +122,8 @@ class Actuator:
         parsed = [parse_cpu_max(o) if o else (-1, PERIOD_UNKNOWN) for o in originals]
         self.original_quota = np.array([q for q, _ in parsed], np.int64)
         self.original_period = np.array([p for _, p in parsed], np.int64)
-        self.limit = np.full(n, np.nan)  # in force, fraction of T_R; NaN: not ours
+        # In force (recommending: what would be), fraction of T_R; NaN: not ours
+        self.limit = np.full(n, np.nan)
         self.foreign_writes = np.zeros(n, np.uint64)
         self.corrections = 0 if previous is None else previous.corrections
         self._foreign_at = np.full((n, FIGHT_WRITES), -math.inf)  # the last few, oldest first
@@ -162,10 +169,13 @@ class Actuator:
 
     def apply(self, limits: np.ndarray, now: float) -> None:
         """Write `limits` (fractions of T_R; NaN: leave alone) where they moved by more
-        than DEAD_BAND."""
+        than DEAD_BAND; recommending, only keep them as the limits it would write."""
         self._resume_expired(now)
         moved_into(self._moved, limits, self.limit, DEAD_BAND, self._delta, self._unsaved)
         mask = self._request(limits, self._moved)
+        if not self.acting:
+            np.putmask(self.limit, mask, limits)
+            return
         if not self._journal_first_writes():
             return
         self._write(now)
@@ -235,7 +245,7 @@ class Actuator:
         self._next_reconcile = now + self.reconcile_interval
         t = self.table
         self._resume_expired(now)
-        if not t.read_back():
+        if not t.read_back() or not self.acting:
             return
         drifted = t.drifted
         if not drifted.any():
@@ -247,6 +257,13 @@ class Actuator:
         mask = self._request(self.limit, drifted)
         # systemd may have put its own value back (daemon-reload): tell it ours again.
         self._write(now, again=mask)
+
+    # --- mode ----------------------------------------------------------------------------
+
+    def stop_acting(self) -> None:
+        """Recommend only from now on: every cpu.max written before is given back."""
+        self.acting = False
+        self.restore(self.table.last_period_usec != PERIOD_UNKNOWN)
 
     # --- restore -------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ which need write permission. Domain errors become one-line protocol errors here.
     unset-target  container
     list
     status        container (optional)
+    act           write the limits decided (from the next decision)
+    recommend     write none, and give back those written: status shows what it would set
     service-labels  service_id, labels (an object of strings, or null to forget them): a
                   Swarm service's labels, for its tasks on this node (from a cluster
                   component, where this node's engine cannot list services)
@@ -86,12 +88,28 @@ def _service_labels(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
     return {"service_id": sid}
 
 
+def _act(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+    return _mode(c, True, peer)
+
+
+def _recommend(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+    return _mode(c, False, peer)
+
+
+def _mode(c: Controller, acting: bool, peer: Peer) -> Any:
+    if c.set_acting(acting):
+        log.info("switched to %s by uid %d", "acting" if acting else "recommending", peer.uid)
+    return {"acting": acting}
+
+
 OPERATIONS: dict[str, Operation] = {
     "set-target": Operation(True, _set_target),
     "unset-target": Operation(True, _unset_target),
     "list": Operation(False, _list),
     "status": Operation(False, _status),
     "service-labels": Operation(True, _service_labels),
+    "act": Operation(True, _act),
+    "recommend": Operation(True, _recommend),
 }
 WRITE_OPS = frozenset(op for op, o in OPERATIONS.items() if o.write)
 

@@ -1,4 +1,4 @@
-"""The daemon's configuration (dqoesd's options) and its places on the filesystem."""
+"""The daemon's configuration (dqoesd's options)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cgtable import DEFAULT_PERIOD_USEC
+from .paths import RUN_DIR, SOCKET_NAME, STATE_DIR
 from .policy import DEFAULT_POLICY, PolicyParams
 from .ring import DEFAULT_CAPACITY
-
-RUN_DIR = Path("/run/dqoes")
-"""The runtime directory: the control socket and the rings (rings/<container>/ring)."""
-STATE_DIR = Path("/var/lib/dqoes")
-SOCKET_NAME = "dqoes.sock"
-DEFAULT_SOCKET = RUN_DIR / SOCKET_NAME
-MANAGER_SOCKET = RUN_DIR / "manager.sock"  # dqoes-manager's control socket
 
 
 @dataclass
@@ -33,6 +27,7 @@ class Config:
     # read-back every tick would cost more than the rest of the sense step at 1,000.
     reconcile_interval: float = 2.0
     mount: Path | None = None  # the cgroup2 mount; None: found in /proc/self/mountinfo
+    recommend: bool = False  # at start: decide, show the limits it would set, write none
 
     @property
     def socket(self) -> Path:

@@ -52,8 +52,9 @@ from .fleet import Fleet
 from .labels import Objective
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
+from .snapshot import Counters, build
 from .state import ENGINE_SOURCES, INFERENCE, StateError, StateStore
-from .status import Counters, Listing, Status, build, listing, refused
+from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
 from .targets import Binder, ResolveMany, TargetError, Targets
 from .watcher import Seen, Watcher
@@ -83,6 +84,7 @@ class Controller:
         self.policy = policy or make_policy(cfg.policy, cfg.params)
         self.limiter = limiter
         self.watcher = watcher
+        self.acting = not cfg.recommend  # else recommend only: no cpu.max is written
         self._seen: dict[str, Seen] = {}  # the engine's containers that concern us, by ID
         self._resolve = resolve or partial(resolve_many, mount=self.mount, runtimes=runtimes)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
@@ -161,7 +163,9 @@ class Controller:
             table, [t.name for t in bound], [t.original_max for t in bound], self.cpus,
             self.targets, period_usec=self.cfg.period_usec,
             reconcile_interval=self.cfg.reconcile_interval, limiter=self.limiter,
-            mount=self.mount, previous=old_actuator)
+            mount=self.mount, previous=old_actuator, acting=self.acting)
+        if not self.acting:  # a limit of ours still in force from an earlier run: given back
+            self.actuator.stop_acting()
         self.fleet = Fleet(bound, table, rings, self.cpus, self.actuator.limit, old_fleet, now)
         if old_fleet is not None:
             old_fleet.table.close()  # what the new table did not take over
@@ -369,6 +373,22 @@ class Controller:
                 ring.parent.rmdir()
         return restored
 
+    def set_acting(self, acting: bool) -> bool:
+        """Act (write the limits decided) or recommend only (write none, and give back the
+        limits written so far), from the next decision on, which comes at the next tick.
+        Returns whether the mode changed."""
+        if acting == self.acting:
+            return False
+        self.acting = acting
+        if acting:
+            self.actuator.acting = True
+        else:
+            self.actuator.stop_acting()
+        self.policy.reset()
+        log.info("%s", "acting: the limits decided are written from now on" if acting else
+                 "recommending only: no limit is written, those written were given back")
+        return True
+
     def describe(self, name: str) -> Listing:
         t = self.targets.get(name)
         return listing(t, str(self.ring(name)), self.targets.reasons.get(name))
@@ -385,7 +405,7 @@ class Controller:
         systemd = (self.limiter.sent, self.limiter.failed) if self.limiter else (0, 0)
         return build(targets, {t.name: str(self.ring(t.name)) for t in targets},
                      self.targets.reasons, self.fleet, self.actuator, self.counters,
-                     self.policy.name, self.cpus, systemd)
+                     self.policy.name, self.cpus, systemd, self.cfg.params.alpha)
 
     def summary(self) -> str:
         """One line for sd_notify's STATUS= on every tick: cheap, no per-container work

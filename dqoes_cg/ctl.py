@@ -6,6 +6,7 @@
     dqoesctl list [--json]
     dqoesctl status [CONTAINER] [--json] [--watch [SECONDS]]
     dqoesctl cluster status [--json] [--watch [SECONDS]]   (on a Swarm manager)
+    dqoesctl act | recommend     (write the limits decided, or only show them)
 
 CONTAINER is a Docker/Podman name or ID (prefix), a cgroup path, a PID or a systemd unit.
 TARGET is a duration with a unit: 250us, 40ms, 1.5s. --training makes the container a
@@ -28,9 +29,9 @@ from typing import Any, NoReturn
 from . import __version__
 from .cluster.show import format_cluster
 from .cluster.view import ClusterView
-from .config import DEFAULT_SOCKET, MANAGER_SOCKET
 from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
+from .paths import DEFAULT_SOCKET, MANAGER_SOCKET
 from .state import METRICS, TRAINING
 from .status import Listing, Status
 from .table import format_table
@@ -50,8 +51,9 @@ def format_status(status: Status) -> str:
     jobs = [c for c in status.containers if c.kind == TRAINING]
     tables = []
     if services or not jobs:
+        recommending = not status.host.acting
         rows = [("CONTAINER", "CLASS", "TARGET", "METRIC", "MEASURED", "Q", "LIMIT", "USAGE",
-                 "THROTTLED", "SAMPLES")]
+                 "THROTTLED", "SAMPLES") + (("WOULD SET", "EXPECTED") if recommending else ())]
         for c in services:
             q = c.q_s
             rows.append((
@@ -60,7 +62,9 @@ def format_status(status: Status) -> str:
                 "-" if q is None else ("+" if q >= 0 else "") + format_duration(q),
                 _cores(c.cpu_limit_cores), f"{c.cpu_usage_cores:.2f}",
                 f"{c.throttled_ratio * 100:.0f}%", str(c.samples),
-            ))
+            ) + (("-" if c.recommended_limit_cores is None else
+                  f"{c.recommended_limit_cores:.2f}", c.expected_class or "-")
+                 if recommending else ()))
         tables.append(format_table(rows))
     if jobs:
         rows = [("TRAINING JOB", "LIST", "EVALUATION", "GROWTH", "LIMIT", "USAGE",
@@ -78,6 +82,9 @@ def format_status(status: Status) -> str:
              f"  | policy {h.policy}, interval {h.interval_s:.0f}s, last decision "
              + ("never" if age is None else f"{age:.0f}s ago")
              + f", budget {h.budget_cpus:g} CPUs"]
+    if not h.acting:
+        lines.append("recommend only: no limit is written (WOULD SET: what it would set, in "
+                     "CPUs; dqoesctl act to act)")
     if h.contested:
         lines.append(f"! {h.contested} contested: another writer keeps changing their "
                      "cpu.max, which is left to it for a while (see the daemon's log)")
@@ -126,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--watch", nargs="?", type=_interval, const=1.0, metavar="SECONDS",
                     help="refresh every SECONDS (default 1) until interrupted")
+    sub.add_parser("act", help="write the limits decided, from the next decision on")
+    sub.add_parser("recommend", help="write no limit, give back those written; status shows "
+                                     "what it would set")
     cl = sub.add_parser("cluster", help="the Swarm's view, from dqoes-manager")
     cl.add_argument("what", choices=["status"])
     cl.add_argument("--manager-socket", type=Path,
@@ -165,6 +175,11 @@ def _run(args: argparse.Namespace) -> str:
         r = request(args.socket, "unset-target", container=args.container)
         restored = f", cpu.max restored to '{r['restored']}'" if r["restored"] else ""
         return f"{r['name']}: target removed{restored}"
+    if args.command in ("act", "recommend"):
+        request(args.socket, args.command)
+        return ("acting: the limits decided are written" if args.command == "act" else
+                "recommending: no limit is written (those written were given back); "
+                "dqoesctl status shows what it would set")
     if args.command == "list":
         targets = request(args.socket, "list")
         return json.dumps(targets, indent=1) if args.json else \

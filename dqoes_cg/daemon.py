@@ -35,6 +35,10 @@ from .systemd_units import UnitLimiter
 
 log = logging.getLogger("dqoesd")
 
+SNAPSHOT_WAIT_S = 0.5
+"""How long a scrape waits for the loop's lock before it is answered from the last
+snapshot."""
+
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows an option's default unless it has none or its text already says it."""
@@ -86,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-listen", metavar="[ADDR:]PORT", default=None,
                    help="serve Prometheus metrics at http://ADDR:PORT/metrics (ADDR: "
                         "127.0.0.1 unless given; default: off)")
+    p.add_argument("--recommend", action="store_true",
+                   help="sense and decide, but write no limit: status shows the limit it "
+                        "would set and the class it expects (dqoesctl act switches to acting, "
+                        "dqoesctl recommend back, without a restart)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -103,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
         mount=args.cgroup_mount, cpus=args.cpus, policy=args.policy, params=params,
-        ring_capacity=args.ring_capacity)
+        ring_capacity=args.ring_capacity, recommend=args.recommend)
     notifier = Notifier()
     watchdog = notifier.watchdog_interval()
     if watchdog is not None and watchdog < cfg.sample_interval:
@@ -119,8 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             return api.handle(controller, op, req, peer)
 
     def snapshot() -> Any:
-        with lock:
+        """None while a tick holds the lock for long (a burst of containers): the metrics
+        are served from the last snapshot meanwhile."""
+        if not lock.acquire(timeout=SNAPSHOT_WAIT_S):
+            return None
+        try:
             return controller.status()
+        finally:
+            lock.release()
 
     # Before the control socket exists: a client that sees it may signal us at once.
     stopping = threading.Event()

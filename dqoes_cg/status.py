@@ -1,23 +1,15 @@
-"""The status model: what the daemon shows of itself, built in one place (`build`), sent as
-JSON by the control protocol, and rendered by dqoesctl, the Prometheus endpoint and the
-demo. Fields are only ever added; a reader ignores the fields it does not know.
+"""The status model: what the daemon shows of itself, built in one place
+(`snapshot.build`), sent as JSON by the control protocol, and rendered by dqoesctl, the
+Prometheus endpoint and the demo. Fields are only ever added; a reader ignores the fields
+it does not know. It imports no numpy: dqoesctl reads it, and must start fast.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-import numpy as np
-
-from .policy import Cls
-from .state import INFERENCE, TRAINING, Target
-
-if TYPE_CHECKING:
-    from .actuator import Actuator
-    from .fleet import Fleet
+from .state import INFERENCE, Target
 
 CLASSES = ("G", "S", "B", "idle", "pending", "NL", "WL", "CL")
 """The classes a container can show: an inference service's (G, S, B, idle: no requests in
@@ -46,6 +38,10 @@ class ContainerStatus:
     evaluation: float | None = None  # a training job's latest reported value
     growth_efficiency: float | None = None  # its G at the last decision: progress per
     #                                         second per fraction of the budget used
+    # Recommend-only (the daemon writes no limit): the limit it would set, in CPUs, and the
+    # class it expects the container in under it (G, S, B; None: no estimate)
+    recommended_limit_cores: float | None = None
+    expected_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +69,7 @@ class HostStatus:
     NL: int = 0  # training jobs per list
     WL: int = 0
     CL: int = 0
+    acting: bool = True  # False: recommend only, no limit is written
 
 
 @dataclass(frozen=True)
@@ -114,19 +111,6 @@ class Listing:
         return known_fields(cls, doc)
 
 
-@dataclass
-class Counters:
-    """What the loop counts, for status."""
-
-    ticks: int = 0
-    decisions: int = 0
-    last_decision: float | None = None  # monotonic
-    last_decision_wall: float | None = None
-    interval: float = 0.0
-    totals: dict[str, float] = field(default_factory=dict)
-    class_counts: list[int] = field(default_factory=lambda: [0] * len(Cls))
-
-
 def refused(name: str, source: str, cgroup: str | None, ring: str, reason: str) -> Listing:
     """A container whose labels are refused: listed, not managed."""
     return Listing(name, None, None, "invalid", cgroup, ring, ring.rsplit("/", 1)[0], source,
@@ -138,56 +122,6 @@ def listing(target: Target, ring: str, reason: str | None) -> Listing:
                    "bound" if target.cgroup else "pending", target.cgroup, ring,
                    ring.rsplit("/", 1)[0], target.source,
                    None if target.cgroup else reason, target.kind)
-
-
-def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
-          fleet: Fleet, actuator: Actuator, counters: Counters, policy: str, cpus: float,
-          systemd: tuple[int, int]) -> Status:
-    """The status of `targets` (all, or the one asked for) from the loop's tables."""
-    t = fleet.table
-    containers = []
-    for target in targets:
-        i = fleet.slot.get(target.name)
-        if i is None:
-            containers.append(ContainerStatus(
-                target.name, "pending", target.target_s, target.metric, None, None, None,
-                0.0, 0.0, 0, target.cgroup, rings[target.name], target.source,
-                reason=reasons.get(target.name), kind=target.kind))
-            continue
-        cls = Cls(int(fleet.classes[i]))
-        training = target.kind == TRAINING
-        score = None if cls == Cls.IDLE else _finite(fleet.score[i])
-        quota, period = int(t.max_quota_usec[i]), int(t.max_period_usec[i])
-        containers.append(ContainerStatus(
-            target.name, "idle" if cls == Cls.IDLE else cls.name, target.target_s,
-            target.metric, _finite(fleet.measured[i]), None if training else score,
-            None if quota < 0 or period <= 0 else quota / period,
-            float(fleet.tick_cores[i]), float(fleet.throttled_ratio[i]),
-            int(fleet.samples[i]), target.cgroup, rings[target.name], target.source,
-            int(actuator.foreign_writes[i]), bool(actuator.contested[i]), kind=target.kind,
-            evaluation=_finite(fleet.evaluation[i]) if training else None,
-            growth_efficiency=score if training else None))
-    counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
-    r = fleet.rings
-    n = len(fleet)
-    host = HostStatus(
-        **counts, policy=policy, interval_s=counters.interval,
-        last_decision_age_s=(None if counters.last_decision is None
-                             else time.monotonic() - counters.last_decision),
-        last_decision_unix=counters.last_decision_wall, budget_cpus=cpus,
-        ticks=counters.ticks, decisions=counters.decisions,
-        reconcile_corrections=actuator.corrections,
-        ring_faults=int(r.faults.sum()) if n else 0,
-        ring_lost=int(r.lost_overrun.sum() + r.torn.sum() + r.invalid.sum()) if n else 0,
-        totals=dict(counters.totals),
-        foreign_writes=int(actuator.foreign_writes.sum()) if n else 0,
-        contested=int(np.count_nonzero(actuator.contested)),
-        systemd_sent=systemd[0], systemd_failed=systemd[1])
-    return Status(host, containers)
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
 
 
 def _fields(obj: Any) -> dict[str, Any]:

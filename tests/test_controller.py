@@ -26,6 +26,7 @@ from dqoes_cg.ctl import format_status
 from dqoes_cg.fleet import Fleet
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import Decision, Observation
+from dqoes_cg.snapshot import expected_class
 from dqoes_cg.state import StateError, StateStore
 from dqoes_cg.targets import TargetError
 from lab.fakecg import make_cgroup, write
@@ -81,9 +82,11 @@ class Host:
         shutil.rmtree(cgroup)
         make_cgroup(self.mount, str(cgroup.relative_to(self.mount)), cpu_max="max 100000\n")
 
-    def controller(self, policy: FixedPolicy | None = None) -> Controller:
+    def controller(self, policy: FixedPolicy | None = None, recommend: bool = False
+                   ) -> Controller:
         cfg = Config(mount=self.mount, state_dir=self.tmp / "state", run_dir=self.tmp / "run",
-                     cpus=2, reconcile_interval=0.0)  # read back at every tick
+                     cpus=2, reconcile_interval=0.0,  # read back at every tick
+                     recommend=recommend)
         return Controller(cfg, policy=policy or self.policy, threaded_binder=False)
 
     def state(self) -> dict[str, dict]:
@@ -177,6 +180,69 @@ def test_a_crash_keeps_the_limits_and_a_new_daemon_re_adopts_them(
     assert "someone else" not in caplog.text  # it knew its own limits
     again.shutdown()
     assert (_cpu_max(host.a), _cpu_max(host.b)) == (ORIGINAL, "max 100000")
+
+
+def _writes(host: Host) -> dict[Path, tuple[int, bytes]]:
+    """Every cpu.max of the fake tree as it stands: a write, even of the same value, changes
+    its modification time."""
+    return {f: (f.stat().st_mtime_ns, f.read_bytes()) for f in host.mount.rglob("cpu.max")}
+
+
+def test_recommending_writes_no_cpu_max(host: Host) -> None:
+    """dqoesd --recommend: it decides at every tick and shows the limit it would set, and
+    no cpu.max is written, by a decision, a read-back, an unset or the stop. (A fake tree;
+    the real kernel's run is left to the guest's tests.)"""
+    a, b = _names(host)
+    before = _writes(host)
+    c = host.controller(recommend=True)
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target(b, 0.1, "mean", False)
+    now = time.monotonic()
+    for k in range(5):
+        c.tick(now + k)
+    status = c.status()
+    assert not status.host.acting and status.host.decisions == 5
+    assert [r.recommended_limit_cores for r in status.containers] == [0.5, 0.5]  # 0.25 x 2
+    assert [r.cpu_limit_cores for r in status.containers] == [1.5, None]  # in force
+    assert "WOULD SET" in format_status(status)
+    assert c.unset_target(b) is None
+    c.shutdown()
+    assert _writes(host) == before
+
+
+def test_act_and_recommend_switch_without_a_restart(host: Host) -> None:
+    """`dqoesctl act` writes the limits decided from the next tick; `dqoesctl recommend`
+    gives back the originals, and then nothing is written."""
+    a, b = _names(host)
+    c = host.controller(recommend=True)
+    c.set_target(a, 0.1, "mean", False)
+    c.set_target(b, 0.1, "mean", False)
+    now = time.monotonic()
+    c.tick(now)
+    assert {"act", "recommend"} <= api.WRITE_OPS  # root's, or the control group's
+    assert api.handle(c, "act", {}, Peer(1, 0, 0)) == {"acting": True}
+    assert not c.set_acting(True)  # already acting
+    c.tick(now + 1)
+    assert (_cpu_max(host.a), _cpu_max(host.b)) == ("50000 100000", "50000 100000")
+    assert c.status().host.acting and c.status().containers[0].recommended_limit_cores is None
+    assert api.handle(c, "recommend", {}, Peer(1, 0, 0)) == {"acting": False}
+    assert (_cpu_max(host.a), _cpu_max(host.b)) == (ORIGINAL, "max 100000")
+    given_back = _writes(host)
+    for k in range(2, 5):
+        c.tick(now + k)
+    c.shutdown()
+    assert _writes(host) == given_back
+
+
+def test_expected_class_under_the_limit_it_would_set() -> None:
+    # Throttled at 0.5 CPU and 60 ms for a 40 ms target: at 1 CPU, 30 ms (G); at 0.75, 40 ms
+    # (S); not throttled at 0.5 CPU, more than that changes nothing (B), less slows it.
+    assert expected_class(0.04, 0.06, 0.5, True, 1.0, 0.1) == "G"
+    assert expected_class(0.04, 0.06, 0.5, True, 0.75, 0.1) == "S"
+    assert expected_class(0.04, 0.06, 0.5, False, 2.0, 0.1) == "B"
+    assert expected_class(0.04, 0.03, 0.5, False, 0.4, 0.1) == "S"
+    assert expected_class(0.04, None, 0.5, True, 1.0, 0.1) is None
+    assert expected_class(0.04, 0.06, 0.0, True, 1.0, 0.1) is None
 
 
 def test_a_cgroup_re_created_while_down_is_not_given_the_old_original(any_host: Host) -> None:
@@ -346,9 +412,9 @@ def test_a_fight_is_left_to_the_other_writer(any_host: Host,
     assert "rewritten by someone else 3 times" in caplog.text
     shown = format_status(c.status())
     assert f"{a}" in shown and "!" in shown and "1 contested" in shown, shown
-    metrics = render(c.status())
-    assert f'dqoes_container_foreign_writes_total{{container="{a}"}} 3' in metrics
-    assert f'dqoes_container_contested{{container="{a}"}} 1' in metrics
+    metrics = render(c.status())[0].decode()
+    assert f'dqoes_container_foreign_writes_total{{container="{a}"}} 3.0' in metrics
+    assert f'dqoes_container_contested{{container="{a}"}} 1.0' in metrics
     for k in range(5):  # left alone while contested, and not counted again
         write(host.a / "cpu.max", f"{30000 + k} 100000\n")
         c.tick(now + 10 + k)

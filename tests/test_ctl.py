@@ -24,6 +24,7 @@ import pytest
 from dqoes_cg import ctl
 from dqoes_cg.ctl import format_duration, parse_duration
 from lab.fakecg import make_cgroup
+from lab.stubdaemon import StubDaemon
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -278,3 +279,39 @@ def test_sd_notify_ready_status_watchdog(tmp_path: Path) -> None:
     finally:
         d.stop()
         notify.close()
+
+
+def test_the_cli_imports_no_numpy(tmp_path: Path) -> None:
+    """status, list, set-target and cluster status, against a stub daemon and manager, in a
+    fresh interpreter: numpy (a tenth of a second or more to import) is never loaded."""
+    sock, manager = tmp_path / "dqoes.sock", tmp_path / "manager.sock"
+    commands = [["status"], ["status", "--json"], ["list"], ["set-target", "web", "40ms"],
+                ["cluster", "status", "--manager-socket", str(manager)]]
+    script = (
+        "import sys\n"
+        "from dqoes_cg import ctl\n"
+        f"for args in {commands!r}:\n"
+        f"    assert ctl.main(['--socket', {str(sock)!r}, *args]) == 0, args\n"
+        "heavy = sorted({'numpy', 'cffi', 'dqoes_cg._native'} & set(sys.modules))\n"
+        "assert not heavy, heavy\n")
+    with StubDaemon(sock), StubDaemon(manager):
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120, cwd=Path(__file__).parents[1])
+    assert run.returncode == 0, run.stderr
+    assert "web" in run.stdout and "|S| 1 of 1 tasks" in run.stdout
+
+
+def test_recommend_and_act_from_the_command_line(tmp_path: Path) -> None:
+    d = Daemon(tmp_path)
+    make_cgroup(d.mount, "pods/web", cpu_max="50000 100000\n")
+    d.start("--recommend")
+    try:
+        assert d.ctl("set-target", "pods/web", "40ms").returncode == 0
+        assert "recommend only: no limit is written" in d.ctl("status").stdout
+        r = d.ctl("act")
+        assert r.returncode == 0 and "acting" in r.stdout, r.stderr
+        assert json.loads(d.ctl("status", "--json").stdout)["host"]["acting"] is True
+        assert d.ctl("recommend").returncode == 0
+        assert json.loads(d.ctl("status", "--json").stdout)["host"]["acting"] is False
+    finally:
+        d.stop()

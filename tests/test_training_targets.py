@@ -181,11 +181,11 @@ def test_status_json_and_metrics_carry_the_lists() -> None:
         ]}
     status = Status.from_json(doc)
     assert Status.from_json(status.to_json()) == status
-    text = render(status)
-    assert 'dqoes_container_class{container="resnet-train",class="NL"} 1' in text
+    text = render(status)[0].decode()
+    assert 'dqoes_container_class{class="NL",container="resnet-train"} 1.0' in text
     assert 'dqoes_container_evaluation{container="resnet-train"} 0.73' in text
     assert 'dqoes_container_growth_efficiency{container="vae-train"} NaN' in text
-    assert 'dqoes_containers{class="CL"} 1' in text
+    assert 'dqoes_containers{class="CL"} 1.0' in text
     assert 'dqoes_container_target_seconds{container="vae-train"' not in text
     table = format_status(status)
     assert "TRAINING JOB" in table and "resnet-train  NL" in table

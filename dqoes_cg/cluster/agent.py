@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..config import DEFAULT_SOCKET
 from ..control import DaemonUnavailable, RequestError, request
 from ..engine import DOCKER_SOCKET, Engine, EngineError
 from ..logs import setup_logging
+from ..paths import DEFAULT_SOCKET
 from ..status import Status
 from .identity import Credentials, IdentityError, peer_identity
 from .protocol import (

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..config import MANAGER_SOCKET
 from ..control import ControlServer, Peer, RequestError
 from ..engine import DOCKER_SOCKET, Engine, EngineError
 from ..logs import setup_logging
+from ..paths import MANAGER_SOCKET
 from ..placement import PlacementParams
 from ..sdnotify import Notifier
 from .identity import Credentials, IdentityError

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dqoes_cg.actuator import parse_cpu_max
 from dqoes_cg.cgroup import resolve
-from dqoes_cg.config import RUN_DIR
 from dqoes_cg.control import request
+from dqoes_cg.paths import RUN_DIR
 from dqoes_cg.status import ContainerStatus, Status
 from lab.images import DOCKER, import_image
 from lab.shell import sh

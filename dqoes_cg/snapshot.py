@@ -1,0 +1,100 @@
+"""The status snapshot of the loop's tables (`build`) and what the loop counts for it
+(`Counters`): the daemon's side of status.py, which dqoesctl reads without numpy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .policy import Cls
+from .state import TRAINING, Target
+from .status import CLASSES, ContainerStatus, HostStatus, Status
+
+if TYPE_CHECKING:
+    from .actuator import Actuator
+    from .fleet import Fleet
+
+
+@dataclass
+class Counters:
+    """What the loop counts, for status."""
+
+    ticks: int = 0
+    decisions: int = 0
+    last_decision: float | None = None  # monotonic
+    last_decision_wall: float | None = None
+    interval: float = 0.0
+    totals: dict[str, float] = field(default_factory=dict)
+    class_counts: list[int] = field(default_factory=lambda: [0] * len(Cls))
+
+
+def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
+          fleet: Fleet, actuator: Actuator, counters: Counters, policy: str, cpus: float,
+          systemd: tuple[int, int], alpha: float) -> Status:
+    """The status of `targets` (all, or the one asked for) from the loop's tables; when
+    the actuator only recommends, with the limit it would set and the class expected under
+    it (`alpha`: the policy's tolerance band)."""
+    t = fleet.table
+    containers = []
+    for target in targets:
+        i = fleet.slot.get(target.name)
+        if i is None:
+            containers.append(ContainerStatus(
+                target.name, "pending", target.target_s, target.metric, None, None, None,
+                0.0, 0.0, 0, target.cgroup, rings[target.name], target.source,
+                reason=reasons.get(target.name), kind=target.kind))
+            continue
+        cls = Cls(int(fleet.classes[i]))
+        training = target.kind == TRAINING
+        score = None if cls == Cls.IDLE else _finite(fleet.score[i])
+        quota, period = int(t.max_quota_usec[i]), int(t.max_period_usec[i])
+        would = None if actuator.acting else _finite(actuator.limit[i] * cpus)
+        measured, usage = _finite(fleet.measured[i]), float(fleet.tick_cores[i])
+        throttled = float(fleet.throttled_ratio[i])
+        containers.append(ContainerStatus(
+            target.name, "idle" if cls == Cls.IDLE else cls.name, target.target_s,
+            target.metric, measured, None if training else score,
+            None if quota < 0 or period <= 0 else quota / period, usage, throttled,
+            int(fleet.samples[i]), target.cgroup, rings[target.name], target.source,
+            int(actuator.foreign_writes[i]), bool(actuator.contested[i]), kind=target.kind,
+            evaluation=_finite(fleet.evaluation[i]) if training else None,
+            growth_efficiency=score if training else None, recommended_limit_cores=would,
+            expected_class=None if training else expected_class(
+                target.target_s, measured, usage, throttled > 0, would, alpha)))
+    counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
+    r = fleet.rings
+    n = len(fleet)
+    host = HostStatus(
+        **counts, policy=policy, interval_s=counters.interval,
+        last_decision_age_s=(None if counters.last_decision is None
+                             else time.monotonic() - counters.last_decision),
+        last_decision_unix=counters.last_decision_wall, budget_cpus=cpus,
+        ticks=counters.ticks, decisions=counters.decisions,
+        reconcile_corrections=actuator.corrections,
+        ring_faults=int(r.faults.sum()) if n else 0,
+        ring_lost=int(r.lost_overrun.sum() + r.torn.sum() + r.invalid.sum()) if n else 0,
+        totals=dict(counters.totals),
+        foreign_writes=int(actuator.foreign_writes.sum()) if n else 0,
+        contested=int(actuator.contested.sum()) if n else 0,
+        systemd_sent=systemd[0], systemd_failed=systemd[1], acting=actuator.acting)
+    return Status(host, containers)
+
+
+def expected_class(target_s: float | None, measured_s: float | None, usage: float,
+                   throttled: bool, would: float | None, alpha: float) -> str | None:
+    """The class (G, S, B) a service would be in under the limit `would` (CPUs), by a fluid
+    estimate: its latency scales inversely with the CPU it gets, which is `usage` now and,
+    under `would`, all of it if it was throttled (it wanted more), else at most its usage.
+    None: nothing to go on (no limit, no measurement, no usage)."""
+    if target_s is None or measured_s is None or not would or usage <= 0:
+        return None
+    gets = would if throttled else min(would, usage)
+    q = target_s - measured_s * usage / gets
+    return "G" if q > alpha * target_s else "S" if q >= -alpha * target_s else "B"
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
