@@ -260,6 +260,12 @@ class Actuator:
 
     # --- mode ----------------------------------------------------------------------------
 
+    def start_acting(self) -> None:
+        """Write the limits decided from now on: none recommended is in force, so the next
+        `apply` writes every one (the dead band compares with what is in force)."""
+        self.acting = True
+        self.limit.fill(np.nan)
+
     def stop_acting(self) -> None:
         """Recommend only from now on: every cpu.max written before is given back."""
         self.acting = False

@@ -381,7 +381,7 @@ class Controller:
             return False
         self.acting = acting
         if acting:
-            self.actuator.acting = True
+            self.actuator.start_acting()
         else:
             self.actuator.stop_acting()
         self.policy.reset()
