@@ -211,6 +211,8 @@ OPEN_CONCURRENCY = 0.8  # fewer requests in flight on average (rate x latency): 
 CLOSED_WINDOWS = 2  # an open-loop service that looks back-to-back this many windows in a row
 QUEUE_GROWTH = (2.0, 1.25)  # ... or more than 2 in flight, 1.25 times as many as a window ago
 OVERLOAD = 1.5  # arrivals of a service whose queue grows at its cap: its throughput times this
+ARRIVALS_KEPT = 0.8  # each window's request count counts this much less the next window
+ARRIVALS_Z = 2.0  # a base's arrival rate: this many standard errors above the count
 THREADS_TOL = 0.10  # a worker at its threads' limit: in flight = CPUs used (a whole number)
 NODE_MIN = 3  # the node's speed is followed from this many containers' work on
 QUEUE_PRIOR = 1.0  # K of an open-loop service before it is measured (M/M/1's)
@@ -233,7 +235,8 @@ class Memory:
     usable: FloatArray  # m_i, the most it was seen able to use; NaN: not known
     admitted: BoolArray  # in A last round
     open: BoolArray  # seen idle between requests: an open-loop service
-    arrivals: FloatArray  # lambda_i, its request rate (requests/s) in its last window
+    arrived: FloatArray  # requests counted in its recent windows (each older one decayed)
+    arrival_time: FloatArray  # ... over this many seconds: lambda_i = arrived / arrival_time
     backlog: BoolArray  # its queue grew at its cap in its last window
     looked_closed: FloatArray  # windows in a row that looked back-to-back
     in_flight: FloatArray  # its mean number of requests in flight in its last window
@@ -242,8 +245,9 @@ class Memory:
     @classmethod
     def sized(cls, n: int) -> Memory:
         return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n),
-                   np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n),
-                   np.zeros(n, bool), np.zeros(n), np.full(n, np.nan), np.full(n, np.nan))
+                   np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, bool),
+                   np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool), np.zeros(n),
+                   np.full(n, np.nan), np.full(n, np.nan))
 
     def carried(self, n: int, carried: IndexArray | None) -> Memory:
         """The memory of n new slots: slot i takes what old slot carried[i] had (-1: new)."""
@@ -350,8 +354,8 @@ def median_into(values: FloatArray, mask: BoolArray, s: Scratch) -> float:
     return 0.5 * float(s.sorted[(k - 1) // 2] + s.sorted[k // 2])
 
 
-def learn_into(obs: Observation, valid: BoolArray, mem: Memory, node: NodeSpeed,
-               s: Scratch) -> None:
+def learn_into(obs: Observation, span: float, valid: BoolArray, mem: Memory,
+               node: NodeSpeed, s: Scratch) -> None:
     """This window's kind of service, work per request, the node's speed, usable maximum and
     queueing factor into the memory."""
     est, fresh, jump, smooth, x, d, gain = s.est, s.fresh, s.jump, s.smooth, s.x, s.d, s.gain
@@ -365,7 +369,7 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, node: NodeSpeed,
     np.putmask(s.cap, np.isnan(s.cap, out=s.mask), T_R)
     under_into(obs, est, s)
     if obs.rate is not None:
-        open_loop_into(obs, est, fresh, mem, s)
+        open_loop_into(obs, span, est, fresh, mem, s)
     np.logical_and(fresh, est, out=fresh)
     np.log(x, out=x, where=est)  # log of this window's work per request
 
@@ -419,8 +423,8 @@ def learn_into(obs: Observation, valid: BoolArray, mem: Memory, node: NodeSpeed,
     usable_into(obs, est, mem, s)
 
 
-def open_loop_into(obs: Observation, est: BoolArray, fresh: BoolArray, mem: Memory,
-                   s: Scratch) -> None:
+def open_loop_into(obs: Observation, span: float, est: BoolArray, fresh: BoolArray,
+                   mem: Memory, s: Scratch) -> None:
     """Which containers are open-loop services, their arrival rates, and this window's work
     of theirs into s.x (usage / rate) where they have one. By Little's law rate x latency is
     the mean number of requests in a container; a back-to-back worker always has as many as
@@ -455,22 +459,53 @@ def open_loop_into(obs: Observation, est: BoolArray, fresh: BoolArray, mem: Memo
     np.logical_or(mem.open, newly, out=mem.open)
     closed_again_into(obs, est, fresh, growing, mem, s)
     np.putmask(mem.in_flight, est, in_flight)
-    # Arrivals: the throughput (where the queue grows, they come faster: see shares_into).
     np.logical_and(mem.open, est, out=s.mask)
     np.greater(obs.rate, 0.0, out=newly)
     np.logical_and(s.mask, newly, out=s.mask)
-    np.putmask(mem.arrivals, s.mask, obs.rate)
+    if span > 0.0:  # (a clock that went back tells nothing of the arrivals)
+        arrivals_into(obs.rate, span, s.mask, mem, s)
     np.logical_and(growing, s.mask, out=growing)
     np.putmask(mem.backlog, est, growing)
     np.divide(obs.usage, obs.rate, out=x, where=s.mask)
 
 
+def arrivals_into(rate: FloatArray, span: float, seen: BoolArray, mem: Memory,
+                  s: Scratch) -> None:
+    """The request counts of this window (`span` seconds) into each `seen` service's recent
+    arrivals. A service receiving a request a second has a handful in a window, as Poisson
+    counts scattering by their square root: the rate is the decayed sum of its windows'
+    counts over the decayed sum of their lengths, unless this window's count is beyond
+    JUMP_Z of those standard errors (its rate changed: counted afresh). Uses s.z, s.d,
+    s.gain, s.outlier, s.jump."""
+    count, expected = s.z, s.d
+    np.multiply(rate, span, out=count)
+    np.divide(mem.arrived, mem.arrival_time, out=expected)
+    np.multiply(expected, span, out=expected)  # NaN: none counted yet
+    np.subtract(count, expected, out=s.gain)
+    np.abs(s.gain, out=s.gain)
+    np.sqrt(expected, out=expected)
+    np.multiply(expected, JUMP_Z, out=expected)
+    np.add(expected, 1.0, out=expected)
+    np.greater(s.gain, expected, out=s.outlier)
+    np.logical_or(s.outlier, np.isnan(expected, out=s.jump), out=s.outlier)
+    np.logical_and(s.outlier, seen, out=s.outlier)  # counted afresh
+    np.multiply(mem.arrived, ARRIVALS_KEPT, out=s.gain)
+    np.add(s.gain, count, out=s.gain)
+    np.putmask(mem.arrived, seen, s.gain)
+    np.putmask(mem.arrived, s.outlier, count)
+    np.multiply(mem.arrival_time, ARRIVALS_KEPT, out=s.gain)
+    np.add(s.gain, span, out=s.gain)
+    np.putmask(mem.arrival_time, seen, s.gain)
+    np.putmask(mem.arrival_time, s.outlier, span)
+
+
 def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
                       growing: BoolArray, mem: Memory, s: Scratch) -> None:
     """An open-loop service that looked back-to-back CLOSED_WINDOWS windows in a row is one
-    after all (one window's noise made it look open): at its cap, its queue not growing, a
-    whole number of requests in flight (s.y), as a worker has one per thread. A service
-    whose arrivals keep it at its cap has a queue of many, growing. Uses s.z, s.d, s.gain."""
+    after all (one window's noise made it look open): at its cap or with as many CPUs busy
+    as requests in flight, its queue not growing, a whole number of requests in flight
+    (s.y), as a worker has one per thread. A service whose arrivals keep it at its cap has
+    a queue of many, growing. Uses s.z, s.d, s.gain, s.jump."""
     looks, n = s.z, s.d
     np.rint(s.y, out=n)
     np.subtract(s.y, n, out=looks)
@@ -480,7 +515,13 @@ def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
     np.greater_equal(n, 1.0, out=s.outlier)
     np.logical_and(s.mask, s.outlier, out=s.mask)
     np.multiply(s.cap, 1.0 - SLACK, out=looks)
-    np.greater_equal(obs.usage, looks, out=s.outlier)  # at its cap
+    np.greater_equal(obs.usage, looks, out=s.outlier)  # at its cap, or its threads busy
+    if obs.cpus is not None:
+        np.multiply(obs.usage, obs.cpus, out=looks)
+        np.subtract(looks, n, out=looks)
+        np.abs(looks, out=looks)
+        np.less_equal(looks, s.gain, out=s.jump)
+        np.logical_or(s.outlier, s.jump, out=s.outlier)
     np.logical_and(s.mask, s.outlier, out=s.mask)
     np.greater(s.mask, growing, out=s.mask)  # and not growing
     np.logical_and(s.mask, mem.open, out=s.mask)
@@ -599,12 +640,21 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.minimum(margin, math.atanh(alpha), out=margin)
     np.exp(margin, out=margin)  # e^mu from here on
     # An open-loop service's arrivals; none for a back-to-back worker, whose x is then L.
-    # The base (what it keeps unadmitted) is what its measured arrivals need at RHO_FLOOR:
-    # past it, a few percent more work or arrivals take its queue far past its target.
-    s.lam.fill(0.0)
-    np.putmask(s.lam, mem.open, mem.arrivals)
+    # Its base (what it keeps unadmitted) is its arrivals' need at RHO_FLOOR, past which a
+    # few percent more work or arrivals take its queue far past its target; for a rate
+    # ARRIVALS_Z standard errors above its count, (N + z √N) / T.
+    np.divide(mem.arrived, mem.arrival_time, out=s.lam)
+    np.putmask(s.lam, np.logical_not(mem.open, out=s.mask), 0.0)
+    np.putmask(s.lam, np.isnan(s.lam, out=s.mask), 0.0)
     np.multiply(s.work, margin, out=s.top)  # the work with its margin
-    np.multiply(s.top, s.lam, out=s.base)
+    np.multiply(s.lam, s.top, out=s.knee)  # the CPU its arrivals need
+    np.sqrt(mem.arrived, out=s.base)
+    np.multiply(s.base, ARRIVALS_Z, out=s.base)
+    np.divide(s.base, mem.arrival_time, out=s.base)
+    np.putmask(s.base, np.isnan(s.base, out=s.mask), 0.0)
+    np.putmask(s.base, np.logical_not(mem.open, out=s.mask), 0.0)
+    np.multiply(s.base, s.top, out=s.base)
+    np.add(s.base, s.knee, out=s.base)
     np.multiply(s.base, 1.0 / RHO_FLOOR, out=s.base)
     np.maximum(s.base, floor, out=s.base)
     # Its own need: where its queue grew at its cap, the arrivals are more than it served.
@@ -627,7 +677,6 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     service_time_into(s.comfy, s.aim, s)
     np.divide(s.work, s.comfy, out=s.comfy, where=known)
     # knee: an open-loop service is never held busier than RHO_MAX of its cap in S.
-    np.multiply(s.top, s.lam, out=s.knee)  # the CPU its arrivals need, with the margin
     np.multiply(s.knee, 1.0 / RHO_MAX, out=s.knee)
     np.greater(s.knee, s.lean, out=s.at_knee)
     np.maximum(s.lean, s.knee, out=s.lean)
@@ -743,6 +792,7 @@ class Admit:
         self.listener = Listener(iv_initial, iv_max)
         self._mem = Memory.sized(0)
         self._node = NodeSpeed()
+        self._last_round = -math.inf  # when the last round ran: the window's length
         self.resize(0)
 
     @classmethod
@@ -773,7 +823,9 @@ class Admit:
                 raise ValueError(f"observation arrays must have shape ({n},), got {a.shape}")
         totals = classify_into(obs.target, obs.measured, obs.usage, alpha=self.alpha, ws=ws,
                                classes_out=d.classes)
-        learn_into(obs, ws.valid, mem, self._node, s)
+        span = now - self._last_round if math.isfinite(self._last_round) else 1.0
+        self._last_round = now
+        learn_into(obs, span, ws.valid, mem, self._node, s)
         floor = T_R / (2 * n) if n else 0.0
         np.greater(obs.target, 0.0, out=s.known)
         np.logical_and(s.known, ws.valid, out=s.known)
