@@ -12,6 +12,7 @@ default, moves limits in one round).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -121,6 +122,57 @@ def test_daemon_moves_cpu_to_meet_targets_survives_a_crash_and_restores(
         assert {n: bed.cpu_max(n) for n in targets} == {
             "w1": "max 100000", "w2": "max 100000", "w3": CUSTOM_ORIGINAL,
             "w4": "max 100000"}
+
+
+def test_an_open_loop_service_gets_what_its_arrivals_and_its_target_need(
+        tmp_path: Path) -> None:
+    # A service receiving requests at its own pace (its arrivals need 0.2 CPU at the cost
+    # measured beside two back-to-back workers) and those two workers, on 2 CPUs. Its target
+    # is its mean latency at a cap of 0.45 CPU (M/D/1: busy 44% there), the workers' need
+    # 0.6 CPU each: 1.65 of 2 CPUs, all three can be met. Usage x latency, the work of a
+    # worker's request, is a fraction of a service's at such a load: capped by it, the
+    # service got 0.01-0.07 CPU and its queue grew without end. It must be given at least
+    # what its arrivals need, and be held in S.
+    cpus = os.cpu_count() or 1
+    if cpus != 2:
+        pytest.skip(f"the scenario is sized for 2 CPUs, this kernel has {cpus}")
+    with testbed.Testbed(f"dqoes-test-{os.getpid()}", tmp_path) as bed:
+        names = ["svc", "w1", "w2"]
+        for i, name in enumerate(names):
+            bed.add_worker(name, MODEL, seed=i)
+        work = _work_at_even_share(bed, names)
+        svc = bed.workers.pop("svc")
+        svc.proc.kill()
+        svc.proc.wait()
+        rate = 0.2 / work  # requests per second
+        bed.add_worker("svc2", MODEL, seed=5, rate=rate)
+        x = work / 0.45
+        targets = {"svc2": x * (1 + rate * x / (2 * (1 - rate * x))),
+                   "w1": work / 0.6, "w2": work / 0.6}
+        bed.start_daemon("--sample-interval", "0.5", "--interval", "2", "--max-interval", "4")
+        for name, target in targets.items():
+            bed.set_target(bed.workers[name].name, target)
+
+        def limit(name: str) -> float:
+            quota, period = bed.cpu_max(name).split()
+            return math.inf if quota == "max" else int(quota) / int(period)
+
+        def held() -> bool:
+            status = {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
+            return status["svc2"].cls == "S" and limit("svc2") >= 0.2
+
+        wait_for(held, 360, "the service in S, capped at no less than its arrivals need",
+                 explain=lambda: _explain(bed, targets), every=0.5)
+        # From then on it is never capped under what its arrivals need (the scatter of its
+        # request count taken into account: at least 0.2 CPU for 0.2 of arrivals), while
+        # the daemon goes on deciding every 2 to 4 s.
+        floor = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            floor.append(limit("svc2"))
+            time.sleep(0.5)
+        assert min(floor) >= 0.19, _explain(bed, targets)
+        assert bed.stop_daemon() == 0
 
 
 def test_reconcile_gone_and_rebind(tmp_path: Path) -> None:
