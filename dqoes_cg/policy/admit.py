@@ -73,9 +73,11 @@ it may hold in S.
 
 The knee: an open-loop service is never aimed busier than RHO_MAX of its cap (lean_i is at
 least lambda work e^mu / RHO_MAX), where its latency rises as 1/(1 - rho) and a few percent
-more work or arrivals take it far out of its band; held there, faster than its band, it
-holds nothing it could give back and is classed S. And none is capped busier than
-RHO_FLOOR: its base b_i = max(f, lambda work e^mu / RHO_FLOOR) replaces the floor below.
+more work or arrivals take it far out of its band. None is capped busier than RHO_FLOOR: its
+base b_i = max(f, lambda_hi work e^mu / RHO_FLOOR), lambda_hi two standard errors of its
+request count above its rate, replaces the floor below. An open-loop service faster than its
+band is classed S: its users wait no longer than its target allows, and the CPU it holds
+beyond its need is what the admission charges it (README, "What satisfied means").
 
 The usable maximum
 ------------------
@@ -313,7 +315,6 @@ class Scratch:
     under: BoolArray  # used less than its cap could give it, and not for lack of CPU
     admissible: BoolArray
     admitted: BoolArray
-    at_knee: BoolArray  # held at RHO_MAX, under its band's share
     other: BoolArray
     mask: BoolArray
 
@@ -678,7 +679,6 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.divide(s.work, s.comfy, out=s.comfy, where=known)
     # knee: an open-loop service is never held busier than RHO_MAX of its cap in S.
     np.multiply(s.knee, 1.0 / RHO_MAX, out=s.knee)
-    np.greater(s.knee, s.lean, out=s.at_knee)
     np.maximum(s.lean, s.knee, out=s.lean)
     np.maximum(s.comfy, s.lean, out=s.comfy)
     np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
@@ -843,9 +843,9 @@ class Admit:
         np.copyto(d.limits, obs.limit)
         allocate_into(d.limits, left, s)
         np.copyto(mem.admitted, s.admitted)
-        # A service held at its knee, faster than its band, holds nothing it could give back.
-        np.logical_and(s.at_knee, s.admitted, out=s.mask)
-        np.logical_and(s.mask, ws.g, out=s.mask)
+        # An open-loop service faster than its band is satisfied: its users wait no longer
+        # than its target allows (README, "What satisfied means").
+        np.logical_and(mem.open, ws.g, out=s.mask)
         np.putmask(d.classes, s.mask, np.int8(Cls.S))
         pressure_wanted(obs, d, s)
         self.listener.observe(totals.q_g, totals.q_b, totals.satisfied)

@@ -46,7 +46,8 @@ def build_infer(into: Path) -> dict[str, str]:
     """The static inference server (infer.c) that test containers run, built on the host
     (minutes on the guest's emulated CPU); the guest's environment names the directory."""
     subprocess.run(["gcc", "-O2", "-static", "-Wall", "-Wextra", "-Werror",
-                    f"-I{REPO / 'csrc'}", "-o", str(into / "infer"), str(GUEST_DIR / "infer.c")],
+                    f"-I{REPO / 'csrc'}", "-o", str(into / "infer"), str(GUEST_DIR / "infer.c"),
+                    "-lm"],
                    check=True, capture_output=True, timeout=300)
     return {ARTIFACTS_ENV: str(into)}
 
