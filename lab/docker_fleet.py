@@ -85,10 +85,12 @@ class DockerFleet:
         self.socket = self.run_dir / "dqoes.sock"
         self.daemon: subprocess.Popen[bytes] | None = None
         self.names: list[str] = []
+        self.rates: dict[str, tuple[str, ...]] = {}  # infer's RATE argument, if open loop
         self.ids: dict[str, str] = {}
 
-    def start(self, names: Sequence[str]) -> None:
-        """dqoesd, then one container per name serving without a target."""
+    def start(self, names: Sequence[str], loads: Sequence[float | None]) -> None:
+        """dqoesd, then one container per name serving without a target: back to back, or
+        (a load) receiving requests at a rate that needs that many CPUs."""
         import_image([DOCKER], IMAGE, {"infer": self.infer})
         self.units = int(sh(self.infer, "--calibrate", str(REQUEST_CPU_MS)))
         SPEC_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +98,8 @@ class DockerFleet:
         self.daemon = start_dqoesd(self.run_dir, self.workdir / "state",
                                    self.workdir / "dqoesd.log", *self.daemon_args)
         self.names = list(names)
+        self.rates = {name: () if load is None else (f"{load * 1e3 / REQUEST_CPU_MS:g}",)
+                      for name, load in zip(names, loads, strict=True)}
         print(f"each worker: {IMAGE} serving requests of {REQUEST_CPU_MS} ms of CPU back to "
               "back, on one thread", flush=True)
         self._run({name: () for name in self.names})
@@ -143,7 +147,8 @@ class DockerFleet:
         """`docker run` of a container per name with its labels, all at once."""
         argvs = {name: ["run", "-d", "--name", name, "--network", "none",
                         *(a for label in these for a in ("--label", label)),
-                        "--mount", MOUNT, IMAGE, "/infer", str(self.units)]
+                        "--mount", MOUNT, IMAGE, "/infer", str(self.units),
+                        *self.rates[name]]
                  for name, these in labels.items()}
         for argv in argvs.values():
             print(f"  $ docker {' '.join(argv)}", flush=True)
