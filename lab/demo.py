@@ -13,9 +13,10 @@ sets them. For the first seconds no worker has a target: the default platform, w
 gives each an even share; the demo measures each one's latency there. Then each gets a
 target relative to that latency: two looser (the worker can give CPU away; the service
 needs what its arrivals and its queue need, more than it used at the even share), one
-tighter (it needs more), and one that even a whole CPU cannot meet. The live table is `dqoesctl status`'s, refreshed every
-couple of seconds while the controller converges; at the end come a summary and a plot of
-latency and CPU over time, written to DIR (default demo-output/).
+tighter (it needs more), and one that even a whole CPU cannot meet. The live table is
+`dqoesctl status`'s, refreshed every couple of seconds while the controller converges; at
+the end come a summary and a plot of latency and CPU over time, written to DIR (default
+demo-output/).
 
 Needs root and a cgroup v2 hierarchy with the cpu controller (`make demo` runs it in a
 qemu guest with a real kernel, systemd and Docker's engine where the host has none).
@@ -65,8 +66,8 @@ class Service:
 
 SERVICES = (
     Service("photo-tagger", 1.5, "loose: can give CPU away"),
-    Service("search-api", 1.5, "open loop: requests arrive on their own (0.3 CPU of them)",
-            load_cpu=0.3),
+    Service("search-api", 1.5, "open loop: requests arrive on their own (0.15 CPU of them)",
+            load_cpu=0.15),
     Service("face-unlock", 0.8, "tight: needs more than an even share"),
     Service("ar-overlay", 0.4, "unachievable: needs more than a whole CPU"),
 )

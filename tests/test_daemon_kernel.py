@@ -163,15 +163,19 @@ def test_an_open_loop_service_gets_what_its_arrivals_and_its_target_need(
 
         wait_for(held, 360, "the service in S, capped at no less than its arrivals need",
                  explain=lambda: _explain(bed, targets), every=0.5)
-        # From then on it is never capped under what its arrivals need (the scatter of its
-        # request count taken into account: at least 0.2 CPU for 0.2 of arrivals), while
-        # the daemon goes on deciding every 2 to 4 s.
-        floor = []
-        deadline = time.monotonic() + 30
+        # From then on, while the daemon goes on deciding every 2 to 4 s, it is never capped
+        # under what its arrivals need (at least 0.19 CPU for 0.2 of arrivals: the scatter
+        # of its request count taken into account) and is in S most of the time (a window
+        # of a few requests scatters widely on an emulated CPU).
+        caps, satisfied = [], []
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            floor.append(limit("svc2"))
+            caps.append(limit("svc2"))
+            satisfied.append({c.name.rsplit("/", 1)[1]: c.cls
+                              for c in bed.status().containers}["svc2"] == "S")
             time.sleep(0.5)
-        assert min(floor) >= 0.19, _explain(bed, targets)
+        assert min(caps) >= 0.19, _explain(bed, targets)
+        assert np.mean(satisfied) >= 0.5, _explain(bed, targets)
         assert bed.stop_daemon() == 0
 
 
