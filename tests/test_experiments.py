@@ -357,3 +357,14 @@ def test_real_conditions_quick_writes_its_table(tmp_path: Path) -> None:
         counts = data["summary"][mode]
         assert counts["phases"] == phases_run
         assert 0 <= counts["at_oracle"] <= counts["within_one"] <= phases_run
+
+
+def test_real_conditions_without_every_condition_is_the_fluid_model(tmp_path: Path) -> None:
+    assert main(["--real-conditions", "--quick", "--seeds", "1", "--jobs", "1", "--only",
+                 "s3-varied-burst", "--without", "curves", "drift", "packing", "noise",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "real-conditions-without-curves-drift-packing-noise.json")
+                      .read_text())
+    assert data["noise"] == 0.0 and data["drift"] is None and data["packing"] is False
+    # the fluid model: the oracle's allocation held puts the oracle's count in S
+    assert data["summary"]["held oracle"]["at_oracle"] == len(data["rows"]) >= 1
