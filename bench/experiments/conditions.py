@@ -148,14 +148,18 @@ def verdicts(row: dict[str, Any], mode: str) -> tuple[bool, bool]:
             all(f >= o - 1 for f, o in zip(final, oracle, strict=True)))
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per mode: phases (scenario x phase x seed) at the oracle on every node, within one
-    on every node, out of how many."""
+    on every node, out of how many; and the mean shortfall under the oracle per node."""
     out = {}
     for mode in JUDGED:
-        judged = [verdicts(r, mode) for r in rows if mode in r["modes"]]
+        mine = [r for r in rows if mode in r["modes"]]
+        judged = [verdicts(r, mode) for r in mine]
+        short = [o - f for r in mine
+                 for o, f in zip(r["oracle"], r["modes"][mode]["final"], strict=True)]
         out[mode] = {"at_oracle": sum(a for a, _ in judged),
-                     "within_one": sum(w for _, w in judged), "phases": len(judged)}
+                     "within_one": sum(w for _, w in judged), "phases": len(judged),
+                     "mean_shortfall": float(np.mean(short)) if short else 0.0}
     return out
 
 
@@ -164,12 +168,12 @@ def reactions(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     median and largest reaction time (s) and rounds of those."""
     out = {}
     for mode in POLICY_MODES:
-        held = [r["modes"][mode] for r in rows if r["after_change"]
-                and r["modes"][mode]["reaction_s"] is not None]
-        events = sum(r["after_change"] for r in rows)
+        changed = [r for r in rows if r["after_change"]]
+        held = [r["modes"][mode] for r in changed if r["modes"][mode]["reaction_s"] is not None]
         seconds = [h["reaction_s"] for h in held]
         rounds = [h["rounds"] for h in held if h["rounds"] is not None]
-        out[mode] = {"events": events, "held": len(held),
+        out[mode] = {"events": len(changed), "held": len(held),
+                     "at_oracle": sum(verdicts(r, mode)[0] for r in changed),
                      "median_s": float(np.median(seconds)) if seconds else None,
                      "max_s": max(seconds, default=None),
                      "median_rounds": float(np.median(rounds)) if rounds else None,
@@ -202,19 +206,20 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setti
              "(median over its tail) per node against the oracle per node. "
              f"'{HELD}': the oracle's own allocation held as caps under the same conditions "
              "(no policy), what its choice gets window by window.", "",
-             "| mode | phases at the oracle (every node) | within one (every node) | phases |",
-             "|---|---|---|---|"]
-    lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['phases']} |"
-              for mode, c in head.items()]
+             "| mode | phases at the oracle (every node) | within one (every node) | phases "
+             "| mean shortfall per node |", "|---|---|---|---|---|"]
+    lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['phases']} | "
+              f"{c['mean_shortfall']:.2f} |" for mode, c in head.items()]
     lines += ["", "Reaction after a change (until |S| holds the oracle, or the phase's final "
               "|S| if lower):", "",
-              "| policy | phases after a change | held | median | largest |",
-              "|---|---|---|---|---|"]
+              "| policy | phases after a change | at the oracle | held its level | median "
+              "| largest |", "|---|---|---|---|---|---|"]
     for mode, r in reactions(rows).items():
         median = "-" if r["median_s"] is None else \
             f"{r['median_s']:.0f} s, {r['median_rounds']:g} rounds"
         largest = "-" if r["max_s"] is None else f"{r['max_s']:.0f} s, {r['max_rounds']} rounds"
-        lines.append(f"| {mode} | {r['events']} | {r['held']} | {median} | {largest} |")
+        lines.append(f"| {mode} | {r['events']} | {r['at_oracle']} | {r['held']} | {median} "
+                     f"| {largest} |")
     lines += ["", "| scenario | phase (s) | seed | oracle | "
               + " | ".join(JUDGED) + " | " + " | ".join(f"{m} reaction" for m in POLICY_MODES)
               + " |", "|---" * (4 + len(JUDGED) + len(POLICY_MODES)) + "|"]
@@ -229,7 +234,7 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setti
 
 
 def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | None = None,
-        jobs: int = JOBS, without: tuple[str, ...] = ()) -> dict[str, dict[str, int]]:
+        jobs: int = JOBS, without: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
     """Judge every scenario (or those named in `only`) over `seeds` seeds, with every
     condition but those `without`; write real-conditions[-without-...].md and .json in
     `out`, print the table, return the headline counts."""
