@@ -257,10 +257,10 @@ BURST_S = 30.0  # a burst of arrivals lasts this long, at three times the rate
 def open_scenarios(quick: bool = False) -> list[Scenario]:
     """Open-loop services (Poisson arrivals at their own pace, each request queueing) among
     back-to-back workers, at the paper's scale: a node of 2 CPUs and 10 containers, or 4
-    CPUs and 20, arriving in [0, 300 s]. A service's arrivals need 0.05 to 0.2 CPU (0.3 to
-    0.6 while its rate is doubled or in a burst), so that it keeps up at the even share,
-    which its target is a ratio to (its M/D/1 mean latency there). Each change starts a
-    phase."""
+    CPUs and 20, arriving in [0, 300 s]. A service's arrivals need 0.05 to 0.2 CPU (0.2 to
+    0.45 while its rate is doubled, its cost doubled or in a burst), so that it keeps up at
+    the even share, which its target is a ratio to (its M/D/1 mean latency there). Each
+    change starts a phase."""
     k = 0.2 if quick else 1.0
     two, four = 2.0, 4.0
 
