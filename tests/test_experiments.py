@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.experiments import sim as sim_module
 from bench.experiments.__main__ import main, simulated
 from bench.experiments.analysis import (
     agreement,
@@ -44,7 +45,7 @@ from bench.experiments.sim import (
     water_fill,
 )
 from bench.experiments.trace import Run
-from dqoes_cg.policy import RHO_MAX, Cls
+from dqoes_cg.policy import RHO_MAX, Cls, Observation
 
 CURVES = NOMINAL_CURVES
 SCENARIOS = {sc.key: sc for sc in paper_scenarios(quick=True)}
@@ -357,3 +358,40 @@ def test_real_conditions_quick_writes_its_table(tmp_path: Path) -> None:
         counts = data["summary"][mode]
         assert counts["phases"] == phases_run
         assert 0 <= counts["at_oracle"] <= counts["within_one"] <= phases_run
+
+
+def test_real_conditions_without_every_condition_is_the_fluid_model(tmp_path: Path) -> None:
+    assert main(["--real-conditions", "--quick", "--seeds", "1", "--jobs", "1", "--only",
+                 "s3-varied-burst", "--without", "curves", "drift", "packing", "noise",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "real-conditions-without-curves-drift-packing-noise.json")
+                      .read_text())
+    assert data["noise"] == 0.0 and data["drift"] is None and data["packing"] is False
+    # the fluid model: the oracle's allocation held puts the oracle's count in S
+    assert data["summary"]["held oracle"]["at_oracle"] == len(data["rows"]) >= 1
+
+
+def test_the_policy_sees_each_containers_request_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[np.ndarray] = []
+    real_make = sim_module.make_policy
+
+    def recording(name: str, params: object) -> object:
+        policy = real_make(name, params)
+        decide = policy.decide
+
+        def record(obs: Observation, now: float) -> object:
+            seen.append(obs.rate.copy())
+            return decide(obs, now)
+
+        policy.decide = record  # type: ignore[method-assign]
+        return policy
+
+    monkeypatch.setattr(sim_module, "make_policy", recording)
+    # A worker alone with a loose target, and a service receiving 2 requests a second.
+    node = Node(2.0, (Container("w", "tiny", 2 * SOLO), Container("s", "tiny", 2 * SOLO,
+                                                                  rate=2.0)))
+    simulate(node, {"tiny": Curve(SOLO)}, replace(PAPER_PARAMS, policy="admit"), 600.0, 5.0)
+    worker, service = np.array(seen[len(seen) // 2:]).T
+    full_cpu_rate = 1.0 / SOLO  # a worker with a whole CPU completes 1 / solo a second
+    assert worker.min() > 0 and worker.max() <= full_cpu_rate + 1e-9
+    assert service.mean() == pytest.approx(2.0, rel=0.1)

@@ -4,6 +4,7 @@ and a summary.
 
     python -m bench.experiments [--sim-only] [--quick] [--out DIR]
     python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
+                                [--without curves|drift|packing|noise ...] [--jobs N]
 
 1. Real runs on a cgroup v2 kernel with the cpu controller: this host if it has one, else a
    qemu guest booted for them (lab.guest, DIR shared writable). The worker types are
@@ -79,11 +80,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="--real-conditions: only these scenarios")
     p.add_argument("--jobs", type=int, default=conditions.JOBS,
                    help="--real-conditions: processes")
+    p.add_argument("--without", nargs="+", choices=conditions.CONDITIONS, default=[],
+                   help="--real-conditions: leave these conditions out")
     args = p.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.real_conditions:
-        conditions.run(out, args.quick, args.seeds, args.only, args.jobs)
+        conditions.run(out, args.quick, args.seeds, args.only, args.jobs,
+                       tuple(args.without))
         return 0
     if args.real_part:
         run_real(out, args.quick)

@@ -5,14 +5,16 @@ seeds, on the default platform and with each policy; judged phase by phase, node
 against the oracle.
 
     python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
+                                                  [--without curves|drift|packing|noise ...]
 
 writes real-conditions.md and real-conditions.json beside the other results and prints the
-table. Beside the policies and the default platform, the oracle's own allocation at each
-time held as caps under the same conditions, noise and seeds (HELD): what the oracle's
-choice gets, window by window, without a policy's errors. Reaction time: from the start of
-each phase that a change starts (a target, load, arrival rate or node speed, a departure)
-until the total |S| first holds the oracle (or the phase's final |S|, if lower), in seconds
-and in policy rounds.
+table (with --without, which leaves those conditions out to see what each costs:
+real-conditions-without-....md and .json). Beside the policies and the default platform,
+the oracle's own allocation at each time held as caps under the same conditions, noise and
+seeds (HELD): what the oracle's choice gets, window by window, without a policy's errors.
+Reaction time: from the start of each phase that a change starts (a target, load, arrival
+rate or node speed, a departure) until the total |S| first holds the oracle (or the phase's
+final |S|, if lower), in seconds and in policy rounds.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .analysis import MIN_WINDOWS, TAIL, Phase, phase_outcomes, reached
 from .progress import Progress
 from .runs import HELD, MODES, every_mode, load_curves, simulated
 from .scenarios import (
+    NOMINAL_CURVES,
     PAPER_DRIFT,
     PAPER_PARAMS,
     Scenario,
@@ -39,14 +42,47 @@ from .scenarios import (
 from .sim import Conditions, Curve
 from .trace import Run
 
-REAL_CONDITIONS = Conditions(PAPER_DRIFT, packing=True)
 NOISE = 0.05  # the noise sweep's log-latency scatter
+CONDITIONS = ("curves", "drift", "packing", "noise")  # what --without may leave out
 SEEDS = 5
 WINDOW_S = 5.0  # the observer's windows, as the other paper-scale simulations
 JOBS = 2  # processes: the host has 2 cores
 POLICY_MODES = tuple(m for m in MODES if m != "default")
 JUDGED = (*MODES, HELD)
 NAME = "real-conditions"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the runs add to the fluid model: curves, drift and packing, noise."""
+
+    curves: dict[str, Curve]
+    conditions: Conditions
+    noise: float
+    without: tuple[str, ...] = ()  # which of CONDITIONS were left out
+
+    @classmethod
+    def real(cls, measured: dict[str, Curve], without: tuple[str, ...] = ()) -> Setting:
+        """All of a real host's conditions (the `measured` curves among them) but those
+        named in `without`."""
+        return cls(NOMINAL_CURVES if "curves" in without else measured,
+                   Conditions(None if "drift" in without else PAPER_DRIFT,
+                              packing="packing" not in without),
+                   0.0 if "noise" in without else NOISE, tuple(without))
+
+    @property
+    def name(self) -> str:
+        return "-".join([NAME, *(["without", *self.without] if self.without else [])])
+
+    def describe(self) -> str:
+        parts = {"curves": "the measured curves (calibration.json, else nominal)",
+                 "drift": f"a node speed that drifts (log-speed spread {PAPER_DRIFT.spread:g}, "
+                          f"correlation {PAPER_DRIFT.correlation_s:g} s)",
+                 "packing": "the packing shortfall of capped single-threaded containers",
+                 "noise": f"a log-latency scatter of {NOISE:g}"}
+        kept = [text for key, text in parts.items() if key not in self.without]
+        left = f" (left out: {', '.join(self.without)})" if self.without else ""
+        return ", ".join(kept) + left
 
 
 @dataclass(frozen=True)
@@ -76,13 +112,14 @@ def reaction(run: Run, ph: Phase) -> Reaction:
     return Reaction(level, None if when is None else when - ph.start, rounds)
 
 
-def judge(scenario: Scenario, seed: int, curves: dict[str, Curve]) -> list[dict[str, Any]]:
-    """One scenario and seed in every mode under REAL_CONDITIONS: a row per phase."""
+def judge(scenario: Scenario, seed: int, setting: Setting) -> list[dict[str, Any]]:
+    """One scenario and seed in every mode (and HELD) in `setting`: a row per phase."""
+    curves = setting.curves
     nodes = scenario.build(curves)
-    runs = every_mode(scenario, nodes, curves, PAPER_PARAMS, WINDOW_S, NOISE, seed,
-                      REAL_CONDITIONS)
-    runs[HELD] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S, NOISE,
-                           seed, REAL_CONDITIONS, held=True)
+    runs = every_mode(scenario, nodes, curves, PAPER_PARAMS, WINDOW_S, setting.noise, seed,
+                      setting.conditions)
+    runs[HELD] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S,
+                           setting.noise, seed, setting.conditions, held=True)
     judged = {mode: phase_outcomes(run, curves, bound=False) for mode, run in runs.items()}
     rows = []
     for k, ph in enumerate(judged["admit"]):
@@ -100,7 +137,7 @@ def judge(scenario: Scenario, seed: int, curves: dict[str, Curve]) -> list[dict[
     return rows
 
 
-def _judge_task(task: tuple[Scenario, int, dict[str, Curve]]) -> list[dict[str, Any]]:
+def _judge_task(task: tuple[Scenario, int, Setting]) -> list[dict[str, Any]]:
     return judge(*task)
 
 
@@ -111,14 +148,18 @@ def verdicts(row: dict[str, Any], mode: str) -> tuple[bool, bool]:
             all(f >= o - 1 for f, o in zip(final, oracle, strict=True)))
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per mode: phases (scenario x phase x seed) at the oracle on every node, within one
-    on every node, out of how many."""
+    on every node, out of how many; and the mean shortfall under the oracle per node."""
     out = {}
     for mode in JUDGED:
-        judged = [verdicts(r, mode) for r in rows if mode in r["modes"]]
+        mine = [r for r in rows if mode in r["modes"]]
+        judged = [verdicts(r, mode) for r in mine]
+        short = [o - f for r in mine
+                 for o, f in zip(r["oracle"], r["modes"][mode]["final"], strict=True)]
         out[mode] = {"at_oracle": sum(a for a, _ in judged),
-                     "within_one": sum(w for _, w in judged), "phases": len(judged)}
+                     "within_one": sum(w for _, w in judged), "phases": len(judged),
+                     "mean_shortfall": float(np.mean(short)) if short else 0.0}
     return out
 
 
@@ -127,12 +168,12 @@ def reactions(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     median and largest reaction time (s) and rounds of those."""
     out = {}
     for mode in POLICY_MODES:
-        held = [r["modes"][mode] for r in rows if r["after_change"]
-                and r["modes"][mode]["reaction_s"] is not None]
-        events = sum(r["after_change"] for r in rows)
+        changed = [r for r in rows if r["after_change"]]
+        held = [r["modes"][mode] for r in changed if r["modes"][mode]["reaction_s"] is not None]
         seconds = [h["reaction_s"] for h in held]
         rounds = [h["rounds"] for h in held if h["rounds"] is not None]
-        out[mode] = {"events": events, "held": len(held),
+        out[mode] = {"events": len(changed), "held": len(held),
+                     "at_oracle": sum(verdicts(r, mode)[0] for r in changed),
                      "median_s": float(np.median(seconds)) if seconds else None,
                      "max_s": max(seconds, default=None),
                      "median_rounds": float(np.median(rounds)) if rounds else None,
@@ -153,32 +194,32 @@ def _reaction_cell(cell: dict[str, Any], after_change: bool) -> str:
     return f"{cell['reaction_s']:.0f} s{rounds}"
 
 
-def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool) -> str:
+def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setting) -> str:
     """The report: the headline counts, the reaction times, then the table row by row."""
     head = summary(rows)
+    flags = (" --quick" if quick else "") + \
+        (f" --without {' '.join(setting.without)}" if setting.without else "")
     lines = [f"# Under real conditions{' (quick)' if quick else ''}", "",
-             "Made by `python3 -m bench.experiments --real-conditions"
-             f"{' --quick' if quick else ''}`: every simulated scenario (s*, x*, o*) with the "
-             "measured curves (calibration.json, else nominal), a node speed that drifts "
-             f"(log-speed spread {PAPER_DRIFT.spread:g}, correlation {PAPER_DRIFT.correlation_s:g}"
-             " s), the packing shortfall of capped single-threaded containers and a "
-             f"log-latency scatter of {NOISE:g}, over {seeds} seed(s). Each phase's final |S| "
+             f"Made by `python3 -m bench.experiments --real-conditions{flags}`: every "
+             f"simulated scenario (s*, x*, o*) with {setting.describe()}, over {seeds} "
+             "seed(s). Each phase's final |S| "
              "(median over its tail) per node against the oracle per node. "
              f"'{HELD}': the oracle's own allocation held as caps under the same conditions "
              "(no policy), what its choice gets window by window.", "",
-             "| mode | phases at the oracle (every node) | within one (every node) | phases |",
-             "|---|---|---|---|"]
-    lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['phases']} |"
-              for mode, c in head.items()]
+             "| mode | phases at the oracle (every node) | within one (every node) | phases "
+             "| mean shortfall per node |", "|---|---|---|---|---|"]
+    lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['phases']} | "
+              f"{c['mean_shortfall']:.2f} |" for mode, c in head.items()]
     lines += ["", "Reaction after a change (until |S| holds the oracle, or the phase's final "
               "|S| if lower):", "",
-              "| policy | phases after a change | held | median | largest |",
-              "|---|---|---|---|---|"]
+              "| policy | phases after a change | at the oracle | held its level | median "
+              "| largest |", "|---|---|---|---|---|---|"]
     for mode, r in reactions(rows).items():
         median = "-" if r["median_s"] is None else \
             f"{r['median_s']:.0f} s, {r['median_rounds']:g} rounds"
         largest = "-" if r["max_s"] is None else f"{r['max_s']:.0f} s, {r['max_rounds']} rounds"
-        lines.append(f"| {mode} | {r['events']} | {r['held']} | {median} | {largest} |")
+        lines.append(f"| {mode} | {r['events']} | {r['at_oracle']} | {r['held']} | {median} "
+                     f"| {largest} |")
     lines += ["", "| scenario | phase (s) | seed | oracle | "
               + " | ".join(JUDGED) + " | " + " | ".join(f"{m} reaction" for m in POLICY_MODES)
               + " |", "|---" * (4 + len(JUDGED) + len(POLICY_MODES)) + "|"]
@@ -193,15 +234,16 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool) -> str:
 
 
 def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | None = None,
-        jobs: int = JOBS) -> dict[str, dict[str, int]]:
-    """Judge every scenario (or those named in `only`) over `seeds` seeds; write
-    real-conditions.md and .json in `out`, print the table, return the headline counts."""
-    curves = load_curves(out / "calibration.json")
+        jobs: int = JOBS, without: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+    """Judge every scenario (or those named in `only`) over `seeds` seeds, with every
+    condition but those `without`; write real-conditions[-without-...].md and .json in
+    `out`, print the table, return the headline counts."""
+    setting = Setting.real(load_curves(out / "calibration.json"), without)
     scenarios = [sc for sc in all_scenarios(quick) if not only or sc.key in only]
     if only and len(scenarios) < len(only):
         known = {sc.key for sc in all_scenarios(quick)}
         raise SystemExit(f"unknown scenarios: {sorted(set(only) - known)}")
-    tasks = [(sc, seed, curves) for sc in scenarios for seed in range(seeds)]
+    tasks = [(sc, seed, setting) for sc in scenarios for seed in range(seeds)]
     progress = Progress(len(tasks) + 1)
     progress.step(f"{len(scenarios)} scenarios x {seeds} seeds x {len(JUDGED)} modes, "
                   f"{jobs} processes")
@@ -210,14 +252,15 @@ def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | No
         for task, judged in zip(tasks, pool.imap(_judge_task, tasks), strict=True):
             progress.step(f"judged {task[0].key}, seed {task[1]}")
             rows += judged
-    text = markdown(rows, seeds, quick)
-    (out / f"{NAME}.md").write_text(text)
+    text = markdown(rows, seeds, quick, setting)
+    (out / f"{setting.name}.md").write_text(text)
     head = summary(rows)
-    (out / f"{NAME}.json").write_text(json.dumps(
-        {"quick": quick, "seeds": seeds, "noise": NOISE,
-         "drift": {"spread": PAPER_DRIFT.spread, "correlation_s": PAPER_DRIFT.correlation_s},
-         "packing": REAL_CONDITIONS.packing, "summary": head, "reactions": reactions(rows),
-         "rows": rows}, indent=1) + "\n")
-    progress.close(f"results in {out / NAME}.md")
+    drift = setting.conditions.drift
+    (out / f"{setting.name}.json").write_text(json.dumps(
+        {"quick": quick, "seeds": seeds, "noise": setting.noise, "without": setting.without,
+         "drift": drift and {"spread": drift.spread, "correlation_s": drift.correlation_s},
+         "packing": setting.conditions.packing, "summary": head,
+         "reactions": reactions(rows), "rows": rows}, indent=1) + "\n")
+    progress.close(f"results in {out / setting.name}.md")
     print(text)
     return head

@@ -171,6 +171,13 @@ def _changed(plans: tuple[Plan, ...], **changes: dict[int, object]) -> tuple[Pla
     return tuple(out)
 
 
+def _ours(key: str, title: str, nodes: tuple[tuple[float, tuple[Plan, ...]], ...],
+          duration_s: float, slowdowns: tuple[tuple[float, float], ...] = ()) -> Scenario:
+    """One of our own scenarios: nothing in the paper to compare with, simulated only (the
+    default platform as long as the policies)."""
+    return Scenario(key, title, "-", nodes, duration_s, duration_s, slowdowns)
+
+
 def own_scenarios(quick: bool = False) -> list[Scenario]:
     """Beyond the paper: what a host sees that its experiments do not. Simulated at the
     paper's scale; each change starts a phase that the evaluation judges on its own."""
@@ -197,19 +204,18 @@ def own_scenarios(quick: bool = False) -> list[Scenario]:
                     for m, r in (("mini", 0.5 / 1.4), ("lite", 0.5 / 1.4), ("tiny", 1.2),
                                  ("mini", 1.5)))
     return [
-        Scenario("x1-retarget", "10 random targets; at 600 s three tightened and three "
-                 "loosened, at 1200 s back", "-", ((two, retargeted),), 1800 * k, 1800 * k),
-        Scenario("x2-load-phase", "10 containers of 3 types; two do twice the work per "
-                 "request from 500 to 900 s", "-", ((two, loaded),), 1400 * k, 1400 * k),
-        Scenario("x3-departures", "10 targets, four of them hopeless or tight; those four "
-                 "leave at 400, 500, 600 and 700 s", "-", ((two, leaving),), 1200 * k, 1200 * k),
-        Scenario("x4-hopeless", "nine achievable targets filling a busy node and one that "
-                 "needs 1.5 CPUs of one thread", "-", ((two, busy),), 900 * k, 900 * k),
-        Scenario("x5-dense", "20 containers of 3 types on 4 CPUs, random targets and "
-                 "arrivals in [0, 300 s]", "-",
-                 ((four, _random(53, 20, MODELS, (0, 300))),), 1500 * k, 1500 * k),
-        Scenario("x6-threads", "4 single- and 4 two-threaded workers on 4 CPUs; two of each "
-                 "need 1.4 CPUs", "-", ((four, threads),), 900 * k, 900 * k),
+        _ours("x1-retarget", "10 random targets; at 600 s three tightened and three loosened, "
+              "at 1200 s back", ((two, retargeted),), 1800 * k),
+        _ours("x2-load-phase", "10 containers of 3 types; two do twice the work per request "
+              "from 500 to 900 s", ((two, loaded),), 1400 * k),
+        _ours("x3-departures", "10 targets, four of them hopeless or tight; those four leave "
+              "at 400, 500, 600 and 700 s", ((two, leaving),), 1200 * k),
+        _ours("x4-hopeless", "nine achievable targets filling a busy node and one that needs "
+              "1.5 CPUs of one thread", ((two, busy),), 900 * k),
+        _ours("x5-dense", "20 containers of 3 types on 4 CPUs, random targets and arrivals in "
+              "[0, 300 s]", ((four, _random(53, 20, MODELS, (0, 300))),), 1500 * k),
+        _ours("x6-threads", "4 single- and 4 two-threaded workers on 4 CPUs; two of each need "
+              "1.4 CPUs", ((four, threads),), 900 * k),
     ]
 
 
@@ -251,10 +257,10 @@ BURST_S = 30.0  # a burst of arrivals lasts this long, at three times the rate
 def open_scenarios(quick: bool = False) -> list[Scenario]:
     """Open-loop services (Poisson arrivals at their own pace, each request queueing) among
     back-to-back workers, at the paper's scale: a node of 2 CPUs and 10 containers, or 4
-    CPUs and 20, arriving in [0, 300 s]. A service's arrivals need 0.05 to 0.2 CPU (0.3 to
-    0.6 while its rate is doubled or in a burst), so that it keeps up at the even share,
-    which its target is a ratio to (its M/D/1 mean latency there). Each change starts a
-    phase."""
+    CPUs and 20, arriving in [0, 300 s]. A service's arrivals need 0.05 to 0.2 CPU (0.2 to
+    0.45 while its rate is doubled, its cost doubled or in a burst), so that it keeps up at
+    the even share, which its target is a ratio to (its M/D/1 mean latency there). Each
+    change starts a phase."""
     k = 0.2 if quick else 1.0
     two, four = 2.0, 4.0
 
@@ -273,21 +279,18 @@ def open_scenarios(quick: bool = False) -> list[Scenario]:
     dense = mixed(66, {i: float(x) for i, x in zip(range(0, 20, 2), np.linspace(0.05, 0.2, 10),
                                                     strict=True)}, 20)
     return [
-        Scenario("o1-open-mix", "4 services (0.05-0.2 CPU of arrivals) and 6 workers, random "
-                 "targets and arrivals", "-", ((two, mixed(60, services)),), 1500 * k,
-                 1500 * k),
-        Scenario("o2-rate-step", "o1's kind; a service's arrival rate doubles (0.15 -> 0.3 "
-                 "CPU) from 600 to 1200 s", "-", ((two, stepped),), 1800 * k, 1800 * k),
-        Scenario("o3-burst", "o1's kind; two services get three times their arrivals for "
-                 "30 s, at 600 and 1000 s", "-", ((two, burst),), 1400 * k, 1400 * k),
-        Scenario("o4-cost", "o1's kind; two services' requests cost twice as much from 600 "
-                 "to 1200 s", "-", ((two, costly),), 1800 * k, 1800 * k),
-        Scenario("o5-slowdown", "o1's kind; the node slows down by 20% at 600 s", "-",
-                 ((two, mixed(64, services)),), 1200 * k, 1200 * k,
-                 slowdowns=((600 * k, SLOWDOWN),)),
-        Scenario("o6-departures", "o1's kind; a worker, a service and a worker leave at 500, "
-                 "600 and 700 s", "-", ((two, leaving),), 1000 * k, 1000 * k),
-        Scenario("o7-dense", "10 services (0.05-0.2 CPU of arrivals) and 10 workers on 4 "
-                 "CPUs, random targets and arrivals", "-", ((four, dense),), 1500 * k,
-                 1500 * k),
+        _ours("o1-open-mix", "4 services (0.05-0.2 CPU of arrivals) and 6 workers, random "
+              "targets and arrivals", ((two, mixed(60, services)),), 1500 * k),
+        _ours("o2-rate-step", "o1's kind; a service's arrival rate doubles (0.15 -> 0.3 CPU) "
+              "from 600 to 1200 s", ((two, stepped),), 1800 * k),
+        _ours("o3-burst", "o1's kind; two services get three times their arrivals for 30 s, "
+              "at 600 and 1000 s", ((two, burst),), 1400 * k),
+        _ours("o4-cost", "o1's kind; two services' requests cost twice as much from 600 to "
+              "1200 s", ((two, costly),), 1800 * k),
+        _ours("o5-slowdown", "o1's kind; the node slows down by 20% at 600 s",
+              ((two, mixed(64, services)),), 1200 * k, slowdowns=((600 * k, SLOWDOWN),)),
+        _ours("o6-departures", "o1's kind; a worker, a service and a worker leave at 500, 600 "
+              "and 700 s", ((two, leaving),), 1000 * k),
+        _ours("o7-dense", "10 services (0.05-0.2 CPU of arrivals) and 10 workers on 4 CPUs, "
+              "random targets and arrivals", ((four, dense),), 1500 * k),
     ]

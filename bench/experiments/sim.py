@@ -296,7 +296,8 @@ class _Queue:
     at its arrival): the server's capacity grows by speed x dt over a tick served at `speed`
     units a second, and a request arriving at position A leaves at D = max(A, the previous
     one's D) + its work (Lindley's recursion), exact within a tick whatever each tick's
-    speed. Only ticks with work advance the capacity: an idle server loses none of it."""
+    speed. A tick without work is skipped: positions only order the requests, so the
+    capacity need not grow while the server is idle."""
 
     def __init__(self, arrivals: np.ndarray, work: np.ndarray) -> None:
         self.arrivals = arrivals  # s, in order
@@ -310,7 +311,7 @@ class _Queue:
     def of(cls, c: Container, solo_s: float, end: float, rng: np.random.Generator) -> _Queue:
         """Poisson arrivals at the container's rate (constant between the edges of its rate
         phases) from its arrival to its departure or `end`."""
-        stop = min(c.departure_s, end)
+        stop = max(c.arrival_s, min(c.departure_s, end))
         edges = sorted({c.arrival_s, stop, *(x for a, b, _ in c.rates for x in (a, b)
                                              if c.arrival_s < x < stop)})
         times = [np.sort(rng.uniform(a, b, rng.poisson(c.rate_at(a) * (b - a))))
