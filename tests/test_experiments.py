@@ -309,20 +309,20 @@ def test_the_oracle_holds_a_service_at_rho_max() -> None:
     assert float(md1_latency(SOLO / held, 0.2 / SOLO)) < 0.9 * knee  # ... below its band
 
 
-def test_a_capped_service_below_its_band_counts_in_s_when_held_near_rho_max() -> None:
+def test_a_service_faster_than_its_band_counts_in_s_a_worker_does_not() -> None:
     node = Node(2.0, (Container("s", "tiny", 1.0, rate=1.0),
                       Container("w", "tiny", 1.0)))
     t = np.arange(5.0, 30.0, 5.0)
-    fast = np.full((len(t), 2), 0.5)  # both faster than their band
 
-    def classes(usage: float, limit: float) -> np.ndarray:
-        run = Run("x", "admit", "sim", {}, [node], t, fast, np.full((len(t), 2), usage),
-                  np.full((len(t), 2), limit))
-        return run.classes()[0]
+    def classes(latency: float, limit: float) -> list[int]:
+        run = Run("x", "admit", "sim", {}, [node], t, np.full((len(t), 2), latency),
+                  np.full((len(t), 2), 0.3), np.full((len(t), 2), limit))
+        return run.classes()[0].tolist()
 
-    assert classes(0.7, 1.0).tolist() == [Cls.S, Cls.G]  # 0.7 >= 0.75 x 0.9
-    assert classes(0.6, 1.0).tolist() == [Cls.G, Cls.G]  # could give some back
-    assert classes(0.7, np.nan).tolist() == [Cls.G, Cls.G]  # no cap: the default platform
+    assert classes(0.5, 1.0) == [Cls.S, Cls.G]  # faster: only the worker holds CPU for none
+    assert classes(0.5, np.nan) == [Cls.S, Cls.G]  # capped or not
+    assert classes(1.05, 1.0) == [Cls.S, Cls.S]
+    assert classes(1.2, 1.0) == [Cls.B, Cls.B]
 
 
 def test_open_scenarios_have_services_and_start_a_phase_at_each_change() -> None:
