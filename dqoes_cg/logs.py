@@ -5,10 +5,29 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+from typing import TextIO
 
 _SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
                     logging.CRITICAL: 2}
+
+MAX_MESSAGE = 2000  # characters of one log message; the rest is cut, and counted
+# What would end a line or fake one: control characters (C0, DEL, C1), the Unicode line and
+# paragraph separators, and lone surrogates (which a UTF-8 stream cannot even write)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+class _OneLine(logging.Filter):
+    """Makes each message one bounded line. Messages quote what containers, engines and
+    peers chose (names, labels, reasons): a newline in one would write a forged line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = _UNSAFE.sub(lambda m: ascii(m.group())[1:-1], record.getMessage())
+        if len(message) > MAX_MESSAGE:
+            message = f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE:,} more)"
+        record.msg, record.args = message, None
+        return True
 
 
 class _JournalFormatter(logging.Formatter):
@@ -18,10 +37,18 @@ class _JournalFormatter(logging.Formatter):
         return f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
 
 
-def setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def log_handler(stream: TextIO) -> logging.Handler:
+    """The daemons' handler: one line per message on `stream`, for journald when systemd
+    runs them."""
+    handler = logging.StreamHandler(stream)
     if os.environ.get("JOURNAL_STREAM"):
         handler.setFormatter(_JournalFormatter("%(message)s"))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    handler.addFilter(_OneLine())
+    return handler
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        handlers=[log_handler(sys.stderr)])
