@@ -238,6 +238,8 @@ class Controller:
                     self._follow_seen(seen, old)
             except (TargetError, StateError) as e:
                 log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
+            except Exception:  # the engine's answers are input: none may stop the loop
+                log.exception("container %s: following its change failed", cid[:12])
         if changes.listed:  # targets of a previous run whose containers are gone
             names = {s.name for s in self._seen.values()}
             for t in list(self.targets):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import urllib.parse
@@ -29,6 +30,8 @@ MAX_EVENT = 1 << 20  # one event line
 MAX_LABELS = 512  # labels kept per container or service
 MAX_LABEL_BYTES = 4096  # of one label's key or value
 SERVICE_ID = "com.docker.swarm.service.id"  # a label of every task container of a service
+# The names Docker and Podman accept (bounded: they set no limit); a name is hostile input
+_CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}", re.ASCII)
 
 
 class EngineError(Exception):
@@ -86,6 +89,14 @@ def parse_container(doc: Any) -> Container:
                     and isinstance(m.get("Driver"), str) and isinstance(m.get("Name"), str))
     return Container(cid, name.removeprefix("/"), state.get("Running") is True,
                      max(pid, 0), parse_labels(config.get("Labels")), volumes)
+
+
+def check_container_name(name: str) -> None:
+    """ValueError, with a one-line reason, unless `name` has the form of a name Docker or
+    Podman gives a container."""
+    if not _CONTAINER_NAME.fullmatch(name):
+        raise ValueError(f"the engine names it {ascii(name)[:80]}, not a container name "
+                         "(letters, digits, '_', '.' and '-', at most 255)")
 
 
 def parse_labels(value: Any) -> dict[str, str]:

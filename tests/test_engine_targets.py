@@ -158,3 +158,13 @@ def test_service_labels_pushed_through_the_control_api(host: Host) -> None:
     with pytest.raises(RequestError, match="follows no container engine"):
         api.handle(c, "service-labels", {"service_id": "a", "labels": None}, root)
     c.shutdown()
+
+
+def test_no_value_from_the_engine_stops_the_loop(host: Host) -> None:
+    """A name the watcher would refuse, reported anyway: its change fails alone."""
+    w = StubWatcher()
+    c = controller(host, w)
+    w.report(seen(host, A, "\udcff"), seen(host, B, "good"), listed=True)
+    c.tick(time.monotonic())
+    assert c.targets.get("good").cgroup is not None
+    c.shutdown()

@@ -13,6 +13,7 @@ import pytest
 from dqoes_cg.cgroup import Kind, Resolved
 from dqoes_cg.engine import Engine, EngineError, parse_container, parse_event
 from dqoes_cg.labels import Objective
+from dqoes_cg.ring import ring_dir_name
 from dqoes_cg.watcher import Changes, Seen, Watcher
 from tests.fakeengine import FakeEngine
 
@@ -105,6 +106,20 @@ def test_a_listing_at_connect_then_events(engine: FakeEngine, watcher: Watcher) 
     engine.event("container", "die", cid(1))
     assert collect(watcher, lambda c: cid(1) in c.seen).seen[cid(1)] is None
     assert watcher.container_id("web") is None
+
+
+def test_a_malformed_name_is_refused_with_its_reason(engine: FakeEngine,
+                                                    watcher: Watcher) -> None:
+    """Docker refuses such names, but the engine's answers are input like any other."""
+    for i, name in enumerate(("\udcff", "web\nforged", "x" * 300, "../up", "")):
+        engine.add(cid(i), name, LABELS, pid=10 + i)
+    watcher.start()
+    seen = collect(watcher, lambda c: c.listed).seen
+    assert len(seen) == 5
+    for s in seen.values():
+        assert s.objective is None and "not a container name" in s.error
+        assert s.name.startswith("<") and s.name.isascii() and s.name.isprintable()
+        ring_dir_name(s.name)
 
 
 def test_a_restart_loop_settles_on_its_last_state(engine: FakeEngine, watcher: Watcher) -> None:
