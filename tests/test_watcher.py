@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from dqoes_cg.cgroup import Kind, Resolved
-from dqoes_cg.engine import Engine, EngineError, parse_container, parse_event
-from dqoes_cg.labels import Objective
+from dqoes_cg.engine import (
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    SERVICE_ID,
+    Engine,
+    EngineError,
+    parse_container,
+    parse_event,
+)
+from dqoes_cg.labels import Objective, objective
 from dqoes_cg.ring import ring_dir_name
 from dqoes_cg.watcher import Changes, Seen, Watcher
 from tests.fakeengine import FakeEngine
@@ -61,11 +69,11 @@ def collect(w: Watcher, until: Callable[[Changes], bool], timeout: float = 30) -
 
 def test_parse_container_and_events() -> None:
     c = parse_container({"Id": cid(1), "Name": "/web", "State": {"Running": True, "Pid": 7},
-                         "Config": {"Labels": {"a": "b", "n": 1, "x" * 5000: "y"}},
+                         "Config": {"Labels": {"dqoes.a": "b", "n": 1, "x" * 5000: "y"}},
                          "Mounts": [{"Type": "volume", "Driver": "dqoes", "Name": "v"},
                                     {"Type": "bind", "Source": "/x"}, "junk"]})
     assert (c.name, c.pid, c.running, c.labels, c.volumes) == \
-        ("web", 7, True, {"a": "b"}, (("dqoes", "v"),))
+        ("web", 7, True, {"dqoes.a": "b"}, (("dqoes", "v"),))
     for bad in (None, [], {"Id": 1}, {"Id": "x", "Name": "/n", "State": {"Pid": "7"}}):
         with pytest.raises(ValueError):
             parse_container(bad)
@@ -73,6 +81,34 @@ def test_parse_container_and_events() -> None:
                        ).action == "exec_start"
     for line in (b"", b"[", b"[]", b'{"Type":1}', b"[" * 100000):
         assert parse_event(line) is None
+
+
+def inspected(labels: dict[str, str]) -> dict[str, str]:
+    return parse_container({"Id": cid(1), "Name": "/c", "State": {"Running": True, "Pid": 7},
+                            "Config": {"Labels": labels}}).labels
+
+
+@pytest.mark.parametrize(("labels", "reason"), [
+    ({"dqoes.target": "4" * 5000 + "ms"}, "longer than 64 characters"),
+    ({"dqoes.target": "40ms", "dqoes." + "k" * (1 << 20): "v"}, "unknown label 'dqoes.kkk"),
+    ({"dqoes.target": "40ms", "dqoes.metric": "p" * 5000}, "unknown metric 'ppp"),
+    ({f"dqoes.k{i}": "v" for i in range(MAX_LABELS * 2)}, "unknown label 'dqoes.k0'"),
+])
+def test_no_dqoes_label_vanishes(labels: dict[str, str], reason: str) -> None:
+    """However long, or many: each is refused with a reason, not dropped unseen."""
+    kept = inspected(labels)
+    assert len(kept) <= MAX_LABELS and all(len(k) + len(v) <= 2 * MAX_LABEL_CHARS
+                                           for k, v in kept.items())
+    with pytest.raises(ValueError, match=reason):
+        objective(kept)
+
+
+def test_only_the_labels_read_are_kept() -> None:
+    """Of 512 labels of 8 KB (4 MB), the two dqoes-cg reads: one after the 512th counts."""
+    labels = {f"team.{i}": "x" * 8192 for i in range(512)}
+    labels.update({SERVICE_ID: "svc1", "dqoes.target": "40ms"})
+    assert inspected(labels) == {SERVICE_ID: "svc1", "dqoes.target": "40ms"}
+    assert objective(inspected(labels)) == Objective(0.04, "p95")
 
 
 def test_engine_errors_are_one_line(tmp_path: Path, engine: FakeEngine) -> None:
