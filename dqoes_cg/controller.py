@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -255,6 +256,10 @@ class Controller:
                 self._add_engine_target(
                     seen, Objective(current.target_s, current.metric, current.kind), "cli", ring)
             return
+        if seen.objective is not None and current is None \
+                and len(self.targets) >= self.max_targets:  # as set-target refuses one
+            seen = replace(seen, objective=None, error=self._no_room())
+            self._seen[seen.id] = seen
         if seen.objective is None:
             if seen.error and (old is None or old.error != seen.error):
                 log.warning("%s: labels refused, container left unmanaged: %s", name,
@@ -318,14 +323,17 @@ class Controller:
                 self.policy.reset()
         else:
             if len(self.targets) >= self.max_targets:
-                raise TargetError(
-                    f"no room for more than {self.max_targets:,} targets: each holds "
-                    f"{FDS_PER_TARGET} open files, and the open-file limit is "
-                    f"{self.fd_limit:,} (raise LimitNOFILE= of dqoesd.service)")
+                raise TargetError(self._no_room())
             target = self.targets.add(name, target_s, metric, self._find(name, pending),
                                       pending, source, lambda: self._ensure_ring(name),
                                       kind=kind)
         return self.describe(name)
+
+    def _no_room(self) -> str:
+        """Why no target can be added: the open-file limit holds no more."""
+        return (f"no room for more than {self.max_targets:,} targets: each holds "
+                f"{FDS_PER_TARGET} open files, and the open-file limit is "
+                f"{self.fd_limit:,} (raise LimitNOFILE= of dqoesd.service)")
 
     def _find(self, name: str, pending: bool) -> Resolved | CgroupError:
         """What `name` names now. A pending name that only a walk of the cgroup tree can

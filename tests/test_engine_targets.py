@@ -168,3 +168,24 @@ def test_no_value_from_the_engine_stops_the_loop(host: Host) -> None:
     c.tick(time.monotonic())
     assert c.targets.get("good").cgroup is not None
     c.shutdown()
+
+
+def test_labels_get_no_more_targets_than_the_descriptors_hold(
+        host: Host, caplog: pytest.LogCaptureFixture) -> None:
+    """The open-file limit caps them as it caps dqoesctl set-target: the excess are refused
+    with the reason, listed and logged once, never bound."""
+    w = StubWatcher()
+    c = controller(host, w)
+    c.max_targets = 1
+    w.report(seen(host, A, "web"), seen(host, B, "db"), listed=True)
+    c.tick(time.monotonic())
+    rows = {r.name: r for r in c.listings()}
+    assert rows["web"].state == "bound" and _cpu_max(host.b) == "max 100000"
+    assert rows["db"].state == "invalid" and "no room for more than 1 targets" in \
+        rows["db"].reason
+    w.report(seen(host, B, "db"))  # seen again: still refused, not logged again
+    c.tick(time.monotonic())
+    assert "db" not in c.targets and caplog.text.count("db: labels refused") == 1
+    with pytest.raises(TargetError, match="no room for more than 1 targets"):
+        c.set_target("other", 0.1, "mean", True)
+    c.shutdown()
