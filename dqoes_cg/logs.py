@@ -4,9 +4,13 @@ systemd runs them."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import TextIO
 
 _SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
@@ -52,3 +56,36 @@ def log_handler(stream: TextIO) -> logging.Handler:
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         handlers=[log_handler(sys.stderr)])
+
+
+class RateLimitedLog:
+    """Logs at most one line per key (a peer, a node) every `interval` seconds: what peers
+    cause, they could repeat to flood the log. The next line logged for a key counts the
+    ones held back since. At most `max_keys` keys are told apart; beyond, the rest share
+    one."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 60.0, max_keys: int = 1024,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self._clock = clock
+        self.interval = interval
+        self.max_keys = max_keys
+        self._lock = threading.Lock()
+        self._keys: dict[str, tuple[float, int]] = {}  # key: (when last logged, held back)
+
+    def log(self, level: int, key: str, message: str, *args: object) -> None:
+        now = self._clock()
+        with self._lock:
+            if key not in self._keys and len(self._keys) >= self.max_keys:
+                self._keys = {k: v for k, v in self._keys.items()
+                              if now - v[0] < self.interval}
+                if len(self._keys) >= self.max_keys:
+                    key = "(others)"
+            last, held = self._keys.get(key, (-math.inf, 0))
+            if now - last < self.interval:
+                self._keys[key] = (last, held + 1)
+                return
+            self._keys[key] = (now, 0)
+        if held:
+            message += f" (and {held:,} more held back in {self.interval:.0f} s)"
+        self._log.log(level, message, *args)

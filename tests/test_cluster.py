@@ -7,7 +7,9 @@ the real thing on three real dockerd is tests/test_cluster_swarm.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -193,6 +195,29 @@ def test_a_node_reports_only_about_its_own_tasks(cluster: Cluster, server: Serve
     assert db.cls == "unknown", "node3's task is not node2's to report"
     assert view.node(cluster.id("node2")).refused == 1  # type: ignore[union-attr]
     assert view.node(cluster.id("node3")).B == 0  # type: ignore[union-attr]
+
+
+def test_a_node_refused_again_and_again_logs_a_line_a_minute(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """2,000 reports claiming another node's container, every other one: each was a line."""
+    node2 = cluster.id("node2")
+    with caplog.at_level(logging.INFO):
+        for seq in range(2000):
+            claims = (container(CID_DB),) if seq % 2 else ()
+            cluster.manager.receive(node2, report(seq, *claims), time.monotonic())
+    assert sum("refused" in m for m in caplog.messages) == 1
+
+
+def test_unauthenticated_peers_log_a_line_a_minute(
+        server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        for _ in range(50):
+            with socket.create_connection(server.address, timeout=DEADLINE_S) as raw:
+                raw.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                with contextlib.suppress(ConnectionResetError):
+                    while raw.recv(4096):  # until the manager hangs up: it has logged then
+                        pass
+    assert sum("connection from 127.0.0.1 ended" in m for m in caplog.messages) == 1
 
 
 def test_a_container_no_task_runs_is_refused_after_a_grace() -> None:
