@@ -73,7 +73,8 @@ class RateLimitedLog:
         self._lock = threading.Lock()
         self._keys: dict[str, tuple[float, int]] = {}  # key: (when last logged, held back)
 
-    def log(self, level: int, key: str, message: str, *args: object) -> None:
+    def log(self, level: int, key: str, message: str, *args: object,
+            exc_info: bool = False) -> None:
         now = self._clock()
         with self._lock:
             if key not in self._keys and len(self._keys) >= self.max_keys:
@@ -88,4 +89,4 @@ class RateLimitedLog:
             self._keys[key] = (now, 0)
         if held:
             message += f" (and {held:,} more held back in {self.interval:.0f} s)"
-        self._log.log(level, message, *args)
+        self._log.log(level, message, *args, exc_info=exc_info)
