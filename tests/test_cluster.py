@@ -24,7 +24,7 @@ from dqoes_cg import ctl
 from dqoes_cg.cluster.agent import Agent
 from dqoes_cg.cluster.identity import Credentials, IdentityError, peer_identity, plain_key
 from dqoes_cg.cluster.manager import Manager, judge
-from dqoes_cg.cluster.managerd import OPERATIONS, handler
+from dqoes_cg.cluster.managerd import OPERATIONS, handler, serve
 from dqoes_cg.cluster.protocol import (
     Ack,
     Channel,
@@ -38,6 +38,7 @@ from dqoes_cg.cluster.server import Server
 from dqoes_cg.cluster.show import format_cluster
 from dqoes_cg.cluster.view import ClusterView
 from dqoes_cg.control import ControlServer
+from dqoes_cg.sdnotify import Notifier
 from tests.fakeswarm import FakeDqoesd, StubEngine, node_doc, service_doc, status_doc, task_doc
 from tests.swarmca import SwarmCA, swarm_id
 
@@ -366,6 +367,37 @@ def test_dqoesctl_cluster_status_table_and_json(cluster: Cluster, manager_socket
     assert any(line.split()[:3] == ["node2", "worker", "up"] for line in lines)
     assert any(line.split()[:4] == ["web.1", "node2", "running", "S"] for line in lines)
     assert "|S| 1 of 2 tasks | nodes 1 of 3 up" in table
+
+
+def test_cluster_status_is_answered_while_swarms_api_is_silent(
+        cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The manager reads Swarm in a thread of its own: a read that hangs (up to the
+    engine's timeout, 10 s each) keeps no request waiting."""
+    silent, reading, answers = threading.Event(), threading.Event(), threading.Event()
+    answer = cluster.engine.call
+
+    def hanging_call(*args: Any, **kwargs: Any) -> Any:
+        if silent.is_set():
+            reading.set()
+            answers.wait()
+        return answer(*args, **kwargs)
+
+    cluster.engine.call = hanging_call  # type: ignore[method-assign]
+    path, stopping = tmp_path / "manager.sock", threading.Event()
+    control = ControlServer(path, handler(cluster.manager), OPERATIONS)
+    loop = threading.Thread(target=serve, args=(cluster.manager, control, Notifier(), 0.05,
+                                                stopping))
+    loop.start()
+    try:
+        silent.set()
+        wait_for("a read of Swarm's API hanging", reading.is_set)
+        assert ctl.main(["cluster", "status", "--manager-socket", str(path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["nodes"]
+    finally:
+        stopping.set()
+        answers.set()
+        loop.join()
+        control.close()
 
 
 def test_dqoesctl_cluster_status_without_a_manager(tmp_path: Path,
