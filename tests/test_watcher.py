@@ -4,13 +4,15 @@ socket: listing at connect, events, reconnects, coalescing, service labels, boun
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from dqoes_cg.cgroup import Kind, Resolved
+from dqoes_cg.cgroup import CgroupError, Kind, Resolved
 from dqoes_cg.engine import (
     MAX_LABEL_CHARS,
     MAX_LABELS,
@@ -20,6 +22,7 @@ from dqoes_cg.engine import (
     parse_container,
     parse_event,
 )
+from dqoes_cg.engines import NameAsker
 from dqoes_cg.labels import Objective, objective
 from dqoes_cg.ring import ring_dir_name
 from dqoes_cg.watcher import Changes, Seen, Watcher
@@ -245,3 +248,31 @@ def wait(predicate: Callable[[], bool], timeout: float = 30) -> None:
     while not predicate():
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_a_name_asked_of_a_silent_engine_stalls_no_tick(tmp_path: Path,
+                                                        engine: FakeEngine) -> None:
+    """The loop waits ANSWER_WAIT_S for an answer at most, however long the engine takes;
+    a question still out makes the next fail at once."""
+    silent = socket.socket(socket.AF_UNIX)
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen(16)  # connections are queued, never answered
+    ask = NameAsker(Engine(tmp_path / "silent.sock", timeout=3600))
+    outcome: list[str] = []
+
+    def asking() -> None:
+        for _ in range(2):
+            with pytest.raises(CgroupError) as e:
+                ask("web")
+            outcome.append(str(e.value))
+
+    thread = threading.Thread(target=asking, daemon=True)
+    thread.start()
+    thread.join(60)
+    silent.close()
+    assert len(outcome) == 2, "the loop waited on a silent engine"
+    assert "did not answer within" in outcome[0]
+    assert "has not answered the last question yet" in outcome[1]
+    engine.add(cid(1), "web", None, pid=11)
+    assert NameAsker(Engine(engine.path))("web") == cid(1)
+    assert NameAsker(Engine(engine.path))("nosuch") is None
