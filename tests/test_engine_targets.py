@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import CgroupError, Kind, Resolved
 from dqoes_cg.labels import Objective
 from dqoes_cg.targets import TargetError
 from dqoes_cg.watcher import Changes, Seen
+from lab.fakecg import make_cgroup
 from tests.test_controller import ORIGINAL, Host, _cpu_max
 
 A, B = "a" * 64, "b" * 64
@@ -188,4 +190,24 @@ def test_labels_get_no_more_targets_than_the_descriptors_hold(
     assert "db" not in c.targets and caplog.text.count("db: labels refused") == 1
     with pytest.raises(TargetError, match="no room for more than 1 targets"):
         c.set_target("other", 0.1, "mean", True)
+    c.shutdown()
+
+
+def test_a_burst_of_containers_joins_a_batch_a_tick(host: Host,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """So that requests are answered between ticks during a burst; a listing's sweep of the
+    targets whose containers are gone waits until the whole listing is applied."""
+    monkeypatch.setattr(controller_module, "ENGINE_BATCH", 2)
+    w = StubWatcher()
+    c = controller(host, w)
+    c.set_target("old", 0.1, "mean", True, source="label")  # of a previous run
+    ids = [f"{i:x}" * 64 for i in range(3, 8)]
+    for cid in ids:
+        make_cgroup(host.mount, "docker/" + cid)
+    w.report(*(seen(host, cid, f"c{i}") for i, cid in enumerate(ids)), listed=True)
+    counts = []
+    for _ in range(3):
+        c.tick(time.monotonic())
+        counts.append((len([t for t in c.targets if t.name != "old"]), "old" in c.targets))
+    assert counts == [(2, True), (4, True), (5, False)]
     c.shutdown()
