@@ -25,7 +25,6 @@ WALK_SHARE of a CPU, and a request never walks the tree for a pending name.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import os
@@ -68,10 +67,11 @@ FD_RESERVE = 512
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
 REBUILD_SHARE = 0.2
 """At most this share of the loop's CPU time goes to rebuilds that only add targets."""
-ENGINE_BATCH = 500
-"""Most changes of the engine's containers applied in one tick: each costs a state line
-written through to disk and a ring (about half a millisecond), and 10,000 containers
-arriving at once left requests unanswered for 5 s; the rest wait for the next ticks."""
+ENGINE_BUDGET_S = 0.25
+"""Wall time a tick may spend applying changes of the engine's containers (one at least):
+each costs a state line written through to disk and a ring, 0.5 to 7 ms with the disk,
+and 10,000 containers arriving at once took one tick of 32 s, requests unanswered
+meanwhile; the rest wait for the next ticks."""
 WALK_SHARE = 0.1
 """At most this share of a CPU goes to looking for pending containers: each look is a walk
 of the whole cgroup tree (in the Binder's thread, but it holds the interpreter's lock)."""
@@ -227,11 +227,14 @@ class Controller:
     # --- targets from the container engine's labels -------------------------------------
 
     def _follow_engine(self) -> None:
-        """Apply what the watcher saw change, ENGINE_BATCH containers a tick at most:
+        """Apply what the watcher saw change, for ENGINE_BUDGET_S of the tick at most:
         targets of containers with labels come, change and go with them (a target set by
         dqoesctl on the same name wins)."""
         self._queue_engine_changes()
-        for cid in list(itertools.islice(self._engine_queue, ENGINE_BATCH)):
+        deadline = time.monotonic() + ENGINE_BUDGET_S
+        for n, cid in enumerate(list(self._engine_queue)):
+            if n and time.monotonic() > deadline:
+                break
             seen = self._engine_queue.pop(cid)
             old = self._seen.pop(cid, None)
             try:

@@ -193,11 +193,11 @@ def test_labels_get_no_more_targets_than_the_descriptors_hold(
     c.shutdown()
 
 
-def test_a_burst_of_containers_joins_a_batch_a_tick(host: Host,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_burst_of_containers_joins_over_several_ticks(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     """So that requests are answered between ticks during a burst; a listing's sweep of the
     targets whose containers are gone waits until the whole listing is applied."""
-    monkeypatch.setattr(controller_module, "ENGINE_BATCH", 2)
+    monkeypatch.setattr(controller_module, "ENGINE_BUDGET_S", -1.0)  # one a tick
     w = StubWatcher()
     c = controller(host, w)
     c.set_target("old", 0.1, "mean", True, source="label")  # of a previous run
@@ -206,8 +206,8 @@ def test_a_burst_of_containers_joins_a_batch_a_tick(host: Host,
         make_cgroup(host.mount, "docker/" + cid)
     w.report(*(seen(host, cid, f"c{i}") for i, cid in enumerate(ids)), listed=True)
     counts = []
-    for _ in range(3):
+    for _ in range(5):
         c.tick(time.monotonic())
         counts.append((len([t for t in c.targets if t.name != "old"]), "old" in c.targets))
-    assert counts == [(2, True), (4, True), (5, False)]
+    assert counts == [(1, True), (2, True), (3, True), (4, True), (5, False)]
     c.shutdown()
