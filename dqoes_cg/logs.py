@@ -88,5 +88,5 @@ class RateLimitedLog:
                 return
             self._keys[key] = (now, 0)
         if held:
-            message += f" (and {held:,} more held back in {self.interval:.0f} s)"
+            message += f" (and {held:,} more like it held back since the last)"
         self._log.log(level, message, *args, exc_info=exc_info)

@@ -41,4 +41,4 @@ def test_a_rate_limited_log_says_how_many_it_held_back(
         now[0] = 61.0
         limited.log(logging.WARNING, "peer1", "from %s", "peer1")
     assert caplog.messages == ["from peer1", "from peer2", "from peer3",
-                               "from peer1 (and 999 more held back in 60 s)"]
+                               "from peer1 (and 999 more like it held back since the last)"]

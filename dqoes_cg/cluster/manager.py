@@ -167,8 +167,9 @@ class Manager:
             name = self._name(node_id)
             for cid, why in refused:
                 if cid not in reports.logged:
-                    self._per_node.log(logging.WARNING, node_id, "node %s reported on container "
-                                 "%s: refused, %s", name, cid[:12], why)
+                    self._per_node.log(logging.WARNING, node_id,
+                                       "node %s reported on container %s: refused, %s",
+                                       name, cid[:12], why)
                     reports.logged.add(cid)
             reports.logged &= {cid for cid, _ in refused}
         return Ack(report.seq, tuple(refused))
