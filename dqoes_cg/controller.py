@@ -92,6 +92,7 @@ class Controller:
         self._seen: dict[str, Seen] = {}  # the engine's containers that concern us, by ID
         self._engine_queue: dict[str, Seen | None] = {}  # changes not applied yet, by ID
         self._engine_listed = False  # a listing is in the queue: sweep once it is applied
+        self._no_room: dict[str, Seen] = {}  # refused for want of descriptors, as seen
         self._resolve = resolve or partial(resolve_many, mount=self.mount, runtimes=runtimes)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
@@ -236,6 +237,7 @@ class Controller:
             if n and time.monotonic() > deadline:
                 break
             seen = self._engine_queue.pop(cid)
+            self._no_room.pop(cid, None)  # this change is newer
             old = self._seen.pop(cid, None)
             try:
                 if old is not None and (seen is None or seen.name != old.name):
@@ -248,6 +250,9 @@ class Controller:
                 log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
             except Exception:  # the engine's answers are input: none may stop the loop
                 log.exception("container %s: following its change failed", cid[:12])
+        room = self.max_targets - len(self.targets)
+        for cid in list(self._no_room)[:max(0, room)]:  # tried again where room was made
+            self._engine_queue.setdefault(cid, self._no_room.pop(cid))
         if self._engine_listed and not self._engine_queue:
             self._engine_listed = False  # targets of a previous run whose containers are gone
             names = {s.name for s in self._seen.values()}
@@ -277,7 +282,8 @@ class Controller:
             return
         if seen.objective is not None and current is None \
                 and len(self.targets) >= self.max_targets:  # as set-target refuses one
-            seen = replace(seen, objective=None, error=self._no_room())
+            self._no_room[seen.id] = seen
+            seen = replace(seen, objective=None, error=self._room_refusal())
             self._seen[seen.id] = seen
         if seen.objective is None:
             if seen.error and (old is None or old.error != seen.error):
@@ -342,13 +348,13 @@ class Controller:
                 self.policy.reset()
         else:
             if len(self.targets) >= self.max_targets:
-                raise TargetError(self._no_room())
+                raise TargetError(self._room_refusal())
             target = self.targets.add(name, target_s, metric, self._find(name, pending),
                                       pending, source, lambda: self._ensure_ring(name),
                                       kind=kind)
         return self.describe(name)
 
-    def _no_room(self) -> str:
+    def _room_refusal(self) -> str:
         """Why no target can be added: the open-file limit holds no more."""
         return (f"no room for more than {self.max_targets:,} targets: each holds "
                 f"{FDS_PER_TARGET} open files, and the open-file limit is "

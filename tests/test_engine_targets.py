@@ -175,7 +175,7 @@ def test_no_value_from_the_engine_stops_the_loop(host: Host) -> None:
 def test_labels_get_no_more_targets_than_the_descriptors_hold(
         host: Host, caplog: pytest.LogCaptureFixture) -> None:
     """The open-file limit caps them as it caps dqoesctl set-target: the excess are refused
-    with the reason, listed and logged once, never bound."""
+    with the reason, listed and logged once, never bound, until room is made."""
     w = StubWatcher()
     c = controller(host, w)
     c.max_targets = 1
@@ -190,6 +190,10 @@ def test_labels_get_no_more_targets_than_the_descriptors_hold(
     assert "db" not in c.targets and caplog.text.count("db: labels refused") == 1
     with pytest.raises(TargetError, match="no room for more than 1 targets"):
         c.set_target("other", 0.1, "mean", True)
+    w.report((A, None))  # web stops: db takes the room it leaves
+    for _ in range(2):
+        c.tick(time.monotonic())
+    assert [(r.name, r.state) for r in c.listings()] == [("db", "bound")]
     c.shutdown()
 
 
