@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .labels import PREFIX
+from .labels import KNOWN, PREFIX
 
 API = "/v1.41"  # Docker 20.10's; Docker's later engines and Podman's compatible API accept it
 DOCKER_SOCKET = Path("/run/docker.sock")
@@ -29,8 +29,9 @@ PODMAN_SOCKET = Path("/run/podman/podman.sock")
 TIMEOUT_S = 10.0
 MAX_REPLY = 64 << 20  # a listing of thousands of containers is a few MB
 MAX_EVENT = 1 << 20  # one event line
-MAX_LABELS = 16  # `dqoes.` labels kept per container or service: 4 hold an unknown one
-MAX_LABEL_CHARS = 4096  # of one kept label's key or value; longer ones are cut to it
+MAX_LABELS = len(KNOWN) + 1  # `dqoes.` labels kept per container or service: one unknown
+MAX_LABEL_CHARS = 256  # of a `dqoes.` label's key or value kept (labels.py reads 64)
+MAX_OTHER_CHARS = 4096  # of another label's value kept (a list of node IDs)
 SERVICE_ID = "com.docker.swarm.service.id"  # a label of every task container of a service
 # The names Docker and Podman accept (bounded: they set no limit); a name is hostile input
 _CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}", re.ASCII)
@@ -104,9 +105,10 @@ def check_container_name(name: str) -> None:
 def parse_labels(value: Any, also: tuple[str, ...] = (SERVICE_ID,)) -> dict[str, str]:
     """The labels dqoes-cg reads, as a dict of strings (null: none): the `dqoes.` ones (at
     most MAX_LABELS), and the keys in `also`; no other label is kept, whatever their number
-    and size. A key or value longer than MAX_LABEL_CHARS is cut to it, never dropped: it is
-    then longer than any that labels.py accepts, so the container is refused with a
-    reason, as it is for the surplus (MAX_LABELS `dqoes.` keys hold an unknown one)."""
+    and size. A `dqoes.` key or value longer than MAX_LABEL_CHARS is cut to it, never
+    dropped: it is then longer than any that labels.py accepts, so the container is
+    refused with a reason, as it is for the surplus (MAX_LABELS `dqoes.` keys hold an
+    unknown one)."""
     if not isinstance(value, dict):
         return {}
     kept: dict[str, str] = {}
@@ -116,11 +118,10 @@ def parse_labels(value: Any, also: tuple[str, ...] = (SERVICE_ID,)) -> dict[str,
             continue
         if k.startswith(PREFIX):
             ours += 1
-            if ours > MAX_LABELS:
-                continue
-        elif k not in also:
-            continue
-        kept[k[:MAX_LABEL_CHARS]] = v[:MAX_LABEL_CHARS]
+            if ours <= MAX_LABELS:
+                kept[k[:MAX_LABEL_CHARS]] = v[:MAX_LABEL_CHARS]
+        elif k in also:
+            kept[k] = v[:MAX_OTHER_CHARS]
     return kept
 
 
