@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import http.server
+import io
 import json
 import logging
 import os
@@ -62,7 +63,7 @@ SOCKET_NAME = "plugin.sock"
 VOLUMES_DIR = "volumes"
 MAX_REQUEST = 64 * 1024
 REQUEST_TIMEOUT_S = 10.0  # for a whole request to arrive, however it is paced
-MAX_CONNECTIONS = 64  # served at once; beyond, a connection is closed unanswered
+MAX_CONNECTIONS = 256  # served at once; beyond, a connection is closed unanswered
 MOUNT_TIMEOUT_S = 20.0
 TMPFS_INODES = 16
 SLACK_BYTES = 64 * 1024
@@ -397,16 +398,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self._deadline = threading.Timer(REQUEST_TIMEOUT_S, self._cut_off)
-        self._deadline.start()
-
-    def finish(self) -> None:
-        self._deadline.cancel()
-        super().finish()
-
-    def _cut_off(self) -> None:
-        with contextlib.suppress(OSError):  # already closed
-            self.connection.shutdown(socket.SHUT_RDWR)
+        self.rfile.close()  # the socket's own reader: each read would get the whole timeout
+        self.rfile = io.BufferedReader(_ByDeadline(self.connection, REQUEST_TIMEOUT_S))
 
     def do_POST(self) -> None:
         try:
@@ -420,7 +413,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 request = json.loads(self.rfile.read(length) or b"{}")
             except (ValueError, RecursionError):
                 request = None
-            self._deadline.cancel()  # read: the driver may take its time (a mount)
+            self.connection.settimeout(self.timeout)  # read: now for the reply
             reply = ({"Err": "request is not valid JSON"} if request is None
                      else self.server.driver.handle(self.path, request))
         body = json.dumps(reply).encode()
@@ -435,6 +428,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("volume driver: " + format, *args)
+
+
+class _ByDeadline(io.RawIOBase):
+    """A socket's reads, each given what is left of one deadline as its timeout: however a
+    client paces its bytes, its request is cut off at the deadline."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock = sock
+        self._deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
