@@ -518,5 +518,5 @@ def plugin_spec(path: Path) -> str:
     return f"unix://{path}\n"
 
 
-__all__ = ["DRIVER", "KernelMounts", "SystemdMounts", "VolumeDriver", "VolumeError",
+__all__ = ["DRIVER", "KernelMounts", "Mounts", "SystemdMounts", "VolumeDriver", "VolumeError",
            "VolumePlugin", "default_mounts", "plugin_spec"]
