@@ -19,7 +19,9 @@ given back. New targets join at the next tick too, unless rebuilding would then 
 than REBUILD_SHARE of the loop's CPU time: a rebuild costs O(N), and paced so, adding a
 target costs the same at any N (new targets wait a few ticks instead). Likewise the look
 for pending containers, a walk of the whole cgroup tree off the loop, takes at most
-WALK_SHARE of a CPU, and a request never walks the tree for a pending name.
+WALK_SHARE of a CPU, and a request never walks the tree for a pending name; and applying
+what the engine's containers did takes at most ENGINE_BUDGET_S of a tick (a burst of them
+joins over several ticks).
 """
 
 from __future__ import annotations
