@@ -19,7 +19,9 @@ given back. New targets join at the next tick too, unless rebuilding would then 
 than REBUILD_SHARE of the loop's CPU time: a rebuild costs O(N), and paced so, adding a
 target costs the same at any N (new targets wait a few ticks instead). Likewise the look
 for pending containers, a walk of the whole cgroup tree off the loop, takes at most
-WALK_SHARE of a CPU, and a request never walks the tree for a pending name.
+WALK_SHARE of a CPU, and a request never walks the tree for a pending name; and applying
+what the engine's containers did takes at most ENGINE_BUDGET_S of a tick (a burst of them
+joins over several ticks).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -67,6 +70,11 @@ FD_RESERVE = 512
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
 REBUILD_SHARE = 0.2
 """At most this share of the loop's CPU time goes to rebuilds that only add targets."""
+ENGINE_BUDGET_S = 0.25
+"""Wall time a tick may spend applying changes of the engine's containers (one at least):
+each costs a state line written through to disk and a ring, 0.5 to 7 ms with the disk,
+and 10,000 containers arriving at once took one tick of 32 s, requests unanswered
+meanwhile; the rest wait for the next ticks."""
 WALK_SHARE = 0.1
 """At most this share of a CPU goes to looking for pending containers: each look is a walk
 of the whole cgroup tree (in the Binder's thread, but it holds the interpreter's lock)."""
@@ -86,6 +94,9 @@ class Controller:
         self.watcher = watcher
         self.acting = not cfg.recommend  # else recommend only: no cpu.max is written
         self._seen: dict[str, Seen] = {}  # the engine's containers that concern us, by ID
+        self._engine_queue: dict[str, Seen | None] = {}  # changes not applied yet, by ID
+        self._engine_listed = False  # a listing is in the queue: sweep once it is applied
+        self._no_room: dict[str, Seen] = {}  # refused for want of descriptors, as seen
         self._resolve = resolve or partial(resolve_many, mount=self.mount, runtimes=runtimes)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
@@ -223,15 +234,16 @@ class Controller:
     # --- targets from the container engine's labels -------------------------------------
 
     def _follow_engine(self) -> None:
-        """Apply what the watcher saw change: targets of containers with labels come,
-        change and go with them (a target set by dqoesctl on the same name wins)."""
-        changes = self.watcher.take() if self.watcher is not None else None
-        if changes is None:
-            return
-        if changes.listed:  # whatever the listing does not name is gone
-            for cid in set(self._seen) - set(changes.seen):
-                changes.seen[cid] = None
-        for cid, seen in changes.seen.items():
+        """Apply what the watcher saw change, for ENGINE_BUDGET_S of the tick at most:
+        targets of containers with labels come, change and go with them (a target set by
+        dqoesctl on the same name wins)."""
+        self._queue_engine_changes()
+        deadline = time.monotonic() + ENGINE_BUDGET_S
+        for n, cid in enumerate(list(self._engine_queue)):
+            if n and time.monotonic() > deadline:
+                break
+            seen = self._engine_queue.pop(cid)
+            self._no_room.pop(cid, None)  # this change is newer
             old = self._seen.pop(cid, None)
             try:
                 if old is not None and (seen is None or seen.name != old.name):
@@ -242,11 +254,28 @@ class Controller:
                     self._follow_seen(seen, old)
             except (TargetError, StateError) as e:
                 log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
-        if changes.listed:  # targets of a previous run whose containers are gone
+            except Exception:  # the engine's answers are input: none may stop the loop
+                log.exception("container %s: following its change failed", cid[:12])
+        room = self.max_targets - len(self.targets)
+        for cid in list(self._no_room)[:max(0, room)]:  # tried again where room was made
+            self._engine_queue.setdefault(cid, self._no_room.pop(cid))
+        if self._engine_listed and not self._engine_queue:
+            self._engine_listed = False  # targets of a previous run whose containers are gone
             names = {s.name for s in self._seen.values()}
             for t in list(self.targets):
                 if t.source in ENGINE_SOURCES and t.name not in names:
                     self._drop_engine_target(t.name, "its container is gone")
+
+    def _queue_engine_changes(self) -> None:
+        changes = self.watcher.take() if self.watcher is not None else None
+        if changes is None:
+            return
+        if changes.listed:  # it supersedes the queue; whatever it does not name is gone
+            for cid in set(self._seen) - set(changes.seen):
+                changes.seen[cid] = None
+            self._engine_queue, self._engine_listed = changes.seen, True
+        else:
+            self._engine_queue.update(changes.seen)
 
     def _follow_seen(self, seen: Seen, old: Seen | None = None) -> None:
         name, ring = seen.name, None if seen.ring is None else str(seen.ring)
@@ -257,6 +286,11 @@ class Controller:
                 self._add_engine_target(
                     seen, Objective(current.target_s, current.metric, current.kind), "cli", ring)
             return
+        if seen.objective is not None and current is None \
+                and len(self.targets) >= self.max_targets:  # as set-target refuses one
+            self._no_room[seen.id] = seen
+            seen = replace(seen, objective=None, error=self._room_refusal())
+            self._seen[seen.id] = seen
         if seen.objective is None:
             if seen.error and (old is None or old.error != seen.error):
                 log.warning("%s: labels refused, container left unmanaged: %s", name,
@@ -320,14 +354,17 @@ class Controller:
                 self.policy.reset()
         else:
             if len(self.targets) >= self.max_targets:
-                raise TargetError(
-                    f"no room for more than {self.max_targets:,} targets: each holds "
-                    f"{FDS_PER_TARGET} open files, and the open-file limit is "
-                    f"{self.fd_limit:,} (raise LimitNOFILE= of dqoesd.service)")
+                raise TargetError(self._room_refusal())
             target = self.targets.add(name, target_s, metric, self._find(name, pending),
                                       pending, source, lambda: self._ensure_ring(name),
                                       kind=kind)
         return self.describe(name)
+
+    def _room_refusal(self) -> str:
+        """Why no target can be added: the open-file limit holds no more."""
+        return (f"no room for more than {self.max_targets:,} targets: each holds "
+                f"{FDS_PER_TARGET} open files, and the open-file limit is "
+                f"{self.fd_limit:,} (raise LimitNOFILE= of dqoesd.service)")
 
     def _find(self, name: str, pending: bool) -> Resolved | CgroupError:
         """What `name` names now. A pending name that only a walk of the cgroup tree can

@@ -7,7 +7,9 @@ import math
 import re
 
 _UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s)\s*$")
+RESOLUTION_S = 1e-6  # what cpu.max and `format_duration` resolve: a shorter target is none
+# ASCII digits only: float() takes any script's digits (Arabic-Indic, fullwidth, bold)
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(us|µs|ms|s)\s*$", re.ASCII)
 
 
 def parse_duration(text: str) -> float:
@@ -17,8 +19,8 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"bad duration {text[:40]!r}: use a number and a unit "
                          "(250us, 40ms, 1.5s)")
     seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if not seconds > 0:
-        raise ValueError(f"bad duration {text!r}: must be greater than zero")
+    if not math.isfinite(seconds) or round(seconds / RESOLUTION_S) < 1:
+        raise ValueError(f"bad duration {text[:40]!r}: must be at least 1us")
     return seconds
 
 

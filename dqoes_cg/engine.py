@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import urllib.parse
@@ -20,15 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .labels import KNOWN, PREFIX
+
 API = "/v1.41"  # Docker 20.10's; Docker's later engines and Podman's compatible API accept it
 DOCKER_SOCKET = Path("/run/docker.sock")
 PODMAN_SOCKET = Path("/run/podman/podman.sock")
 TIMEOUT_S = 10.0
 MAX_REPLY = 64 << 20  # a listing of thousands of containers is a few MB
 MAX_EVENT = 1 << 20  # one event line
-MAX_LABELS = 512  # labels kept per container or service
-MAX_LABEL_BYTES = 4096  # of one label's key or value
+MAX_LABELS = len(KNOWN) + 1  # `dqoes.` labels kept per container or service: one unknown
+MAX_LABEL_CHARS = 256  # of a `dqoes.` label's key or value kept (labels.py reads 64)
+MAX_OTHER_CHARS = 4096  # of another label's value kept (a list of node IDs)
 SERVICE_ID = "com.docker.swarm.service.id"  # a label of every task container of a service
+# The names Docker and Podman accept (bounded: they set no limit); a name is hostile input
+_CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}", re.ASCII)
 
 
 class EngineError(Exception):
@@ -88,14 +94,35 @@ def parse_container(doc: Any) -> Container:
                      max(pid, 0), parse_labels(config.get("Labels")), volumes)
 
 
-def parse_labels(value: Any) -> dict[str, str]:
-    """Labels as a dict of strings (null: none); entries that are not strings, or too
-    long, are dropped."""
+def check_container_name(name: str) -> None:
+    """ValueError, with a one-line reason, unless `name` has the form of a name Docker or
+    Podman gives a container."""
+    if not _CONTAINER_NAME.fullmatch(name):
+        raise ValueError(f"the engine names it {ascii(name)[:80]}, not a container name "
+                         "(letters, digits, '_', '.' and '-', at most 255)")
+
+
+def parse_labels(value: Any, also: tuple[str, ...] = (SERVICE_ID,)) -> dict[str, str]:
+    """The labels dqoes-cg reads, as a dict of strings (null: none): the `dqoes.` ones (at
+    most MAX_LABELS), and the keys in `also`; no other label is kept, whatever their number
+    and size. A `dqoes.` key or value longer than MAX_LABEL_CHARS is cut to it, never
+    dropped: it is then longer than any that labels.py accepts, so the container is
+    refused with a reason, as it is for the surplus (MAX_LABELS `dqoes.` keys hold an
+    unknown one)."""
     if not isinstance(value, dict):
         return {}
-    return {k: v for k, v in list(value.items())[:MAX_LABELS]
-            if isinstance(k, str) and isinstance(v, str)
-            and len(k) <= MAX_LABEL_BYTES and len(v) <= MAX_LABEL_BYTES}
+    kept: dict[str, str] = {}
+    ours = 0
+    for k, v in value.items():
+        if not (isinstance(k, str) and isinstance(v, str)):
+            continue
+        if k.startswith(PREFIX):
+            ours += 1
+            if ours <= MAX_LABELS:
+                kept[k[:MAX_LABEL_CHARS]] = v[:MAX_LABEL_CHARS]
+        elif k in also:
+            kept[k] = v[:MAX_OTHER_CHARS]
+    return kept
 
 
 def service_labels(doc: Any) -> tuple[str, dict[str, str]]:

@@ -6,18 +6,19 @@ engines for container names (cgroup.Runtime), Docker's first, then Podman's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
 from pathlib import Path
 
 from .cgroup import CgroupError, Resolved, Runtime, find_cgroup2_mount, resolve
 from .config import Config
-from .engine import Engine, EngineError
+from .engine import Container, Engine, EngineError
 from .volumes import SOCKET_NAME, VolumeDriver, VolumePlugin, default_mounts
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
 
-NAME_TIMEOUT_S = 2.0  # a name asked of an engine while a request waits
+NAME_TIMEOUT_S = 2.0  # for an engine's answer to a name
+ANSWER_WAIT_S = 0.25  # the daemon's loop waits for it, at most
 
 
 class Docker:
@@ -32,10 +33,11 @@ class Docker:
                                self.driver.ring)
         self.plugin: VolumePlugin | None = None
         self._plugin_path = cfg.run_dir / SOCKET_NAME
+        self._ask = NameAsker(Engine(socket, self.engine.runtime, NAME_TIMEOUT_S))
         self.runtimes: tuple[Runtime, ...] = (
             Runtime(str(self.engine), self._find),
-            *([Runtime(f"Podman (API at {podman})", _asker(Engine(podman, "Podman",
-                                                                  NAME_TIMEOUT_S)))]
+            *([Runtime(f"Podman (API at {podman})",
+                       NameAsker(Engine(podman, "Podman", NAME_TIMEOUT_S)))]
               if podman is not None and podman != socket else []))
 
     def start(self) -> None:
@@ -52,17 +54,47 @@ class Docker:
         """The watcher's view when it has one (no I/O), else the engine's answer."""
         if self.watcher.connected.is_set():
             return self.watcher.container_id(name)
-        return _asker(Engine(self.engine.path, self.engine.runtime, NAME_TIMEOUT_S))(name)
+        return self._ask(name)
 
 
-def _asker(engine: Engine) -> Callable[[str], str | None]:
-    def find(name: str) -> str | None:
+class NameAsker:
+    """Asks `engine` for the ID of a container by name (`find` of a Runtime) from the
+    daemon's loop: the question goes out in a thread of its own, and the loop waits at most
+    ANSWER_WAIT_S for its answer, so a silent engine stalls no tick. While a question is
+    out, the next is refused at once: a silent engine holds one thread, not one each."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._out = False
+
+    def __call__(self, name: str) -> str | None:
+        with self._lock:
+            if self._out:
+                raise CgroupError("has not answered the last question yet")
+            self._out = True
+        answers: list[Container | EngineError | None] = []
+        answered = threading.Event()
+        threading.Thread(target=self._ask, args=(name, answers, answered),
+                         name="dqoes-name", daemon=True).start()
+        if not answered.wait(ANSWER_WAIT_S):
+            raise CgroupError(f"did not answer within {ANSWER_WAIT_S} s (with --pending, "
+                              "the name is looked for again later)")
+        answer = answers[0]
+        if isinstance(answer, EngineError):
+            raise CgroupError(str(answer).split(": ", 1)[-1])
+        return None if answer is None else answer.id
+
+    def _ask(self, name: str, answers: list[Container | EngineError | None],
+             answered: threading.Event) -> None:
         try:
-            c = engine.inspect(name)
+            answers.append(self.engine.inspect(name))
         except EngineError as e:
-            raise CgroupError(str(e).split(": ", 1)[-1]) from None
-        return None if c is None else c.id
-    return find
+            answers.append(e)
+        finally:
+            with self._lock:
+                self._out = False
+            answered.set()
 
 
 def _cgroup_of(pid: int, mount: Path) -> Resolved | CgroupError:

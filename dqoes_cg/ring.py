@@ -84,7 +84,8 @@ def ring_dir_name(name: str) -> str:
     if _PLAIN_NAME.fullmatch(name) and name not in (".", ".."):
         return name
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-")[:40] or "container"
-    return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+    digest = hashlib.sha256(name.encode(errors="surrogatepass"))  # a lone surrogate too
+    return f"{slug}-{digest.hexdigest()[:10]}"
 
 
 def ring_path(run_dir: Path, name: str) -> Path:

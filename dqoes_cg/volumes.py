@@ -31,23 +31,27 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import http.server
+import io
 import json
 import logging
 import os
 import re
+import socket
 import socketserver
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from jeepney import new_method_call
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 
 from ._native import lib
+from .logs import RateLimitedLog
 from .ring import RING_FILE, create_ring
 from .systemd_units import CALL_TIMEOUT_S, SYSTEM_BUS, SYSTEMD_MANAGER
 
@@ -58,21 +62,31 @@ SPEC_FILE = Path("/etc/docker/plugins") / f"{DRIVER}.spec"
 SOCKET_NAME = "plugin.sock"
 VOLUMES_DIR = "volumes"
 MAX_REQUEST = 64 * 1024
-REQUEST_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 10.0  # for a whole request to arrive, however it is paced
+MAX_CONNECTIONS = 256  # served at once; beyond, a connection is closed unanswered
 MOUNT_TIMEOUT_S = 20.0
 TMPFS_INODES = 16
 SLACK_BYTES = 64 * 1024
 _VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_MOUNT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,255}")  # Docker's: 64 hex digits
+OWNER_SUFFIX = ".owner"  # .NAME.owner beside each mounted volume: no volume name starts "."
 
 
 class VolumeError(Exception):
     """A request the driver refuses; the one-line message goes back to Docker."""
 
 
-class Mounts(Protocol):
-    def mount(self, where: Path, size: int) -> None: ...
+class Mounts:
+    """Who mounts and unmounts the volumes' tmpfs, and how the driver sees one mounted."""
 
-    def unmount(self, where: Path) -> None: ...
+    def mount(self, where: Path, size: int) -> None:
+        raise NotImplementedError
+
+    def unmount(self, where: Path) -> None:
+        raise NotImplementedError
+
+    def mounted(self, where: Path) -> bool:
+        return os.path.ismount(where)
 
 
 def tmpfs_options(size: int) -> str:
@@ -94,7 +108,7 @@ def unit_name(where: Path) -> str:
     return "-".join(escaped) + ".mount"
 
 
-class SystemdMounts:
+class SystemdMounts(Mounts):
     """tmpfs mounts made by systemd (transient mount units), in the host's namespace."""
 
     def __init__(self, timeout: float = MOUNT_TIMEOUT_S) -> None:
@@ -111,17 +125,18 @@ class SystemdMounts:
                  ("What", ("s", "tmpfs")), ("Type", ("s", "tmpfs")),
                  ("Options", ("s", f"{tmpfs_options(size)},nosuid,nodev,noexec")),
                  ("LazyUnmount", ("b", True))], []))
-        _wait(lambda: os.path.ismount(where), self.timeout, f"systemd to mount {where}")
+        _wait(lambda: self.mounted(where), self.timeout, f"systemd to mount {where}")
 
     def unmount(self, where: Path) -> None:
         with self._bus() as bus:
             try:
                 self._call(bus, "StopUnit", "ss", (unit_name(where), "replace"))
             except DBusErrorResponse as e:
-                if not os.path.ismount(where):
+                if not self.mounted(where):
                     return
                 raise VolumeError(f"systemd cannot unmount {where}: {e}") from None
-        _wait(lambda: not os.path.ismount(where), self.timeout, f"systemd to unmount {where}")
+        _wait(lambda: not self.mounted(where), self.timeout,
+              f"systemd to unmount {where}")
 
     @contextlib.contextmanager
     def _bus(self) -> Any:
@@ -144,7 +159,7 @@ class SystemdMounts:
             raise VolumeError(f"systemd did not answer {method}: {e}") from None
 
 
-class KernelMounts:
+class KernelMounts(Mounts):
     """tmpfs mounts made by this process (a daemon outside systemd, in the host's mount
     namespace, with CAP_SYS_ADMIN)."""
 
@@ -163,7 +178,7 @@ class KernelMounts:
     def unmount(self, where: Path) -> None:
         if self._libc.umount2(os.fsencode(where), self.MNT_DETACH) != 0:
             errno = ctypes.get_errno()
-            if os.path.ismount(where):
+            if self.mounted(where):
                 raise VolumeError(f"cannot unmount {where}: {os.strerror(errno)}")
 
 
@@ -188,10 +203,10 @@ class VolumeDriver:
         ring_size = lib.dq_ring_file_size(ring_capacity)
         self.size = -(-(2 * ring_size + SLACK_BYTES) // 4096) * 4096
         self.mounts = mounts
-        self._owners: dict[str, str] = {}  # volume -> the mount ID that holds it
         self._lock = threading.Lock()
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory, 0o700)  # nobody but root walks to a ring from the host
+        self._owners = self._load_owners()  # volume -> the mount ID that holds it
 
     def ring(self, name: str) -> Path:
         """Where the ring of volume `name` is while a container has it mounted."""
@@ -232,21 +247,23 @@ class VolumeDriver:
     def remove(self, request: dict[str, Any]) -> dict[str, Any]:
         name = self._name(request)
         path = self.directory / name
-        if os.path.ismount(path):
+        if self.mounts.mounted(path):
             raise VolumeError(f"volume {name} is in use by a container")
         with contextlib.suppress(FileNotFoundError):  # a ring re-created while unmounted
             (path / RING_FILE).unlink()
         with contextlib.suppress(FileNotFoundError):
             path.rmdir()
-        self._owners.pop(name, None)
+        self._set_owner(name, None)
         return {}
 
     def mount(self, request: dict[str, Any]) -> dict[str, Any]:
         name, mount_id = self._name(request), request.get("ID")
         if not isinstance(mount_id, str) or not mount_id:
             raise VolumeError("Mount without an ID")
+        if not _MOUNT_ID.fullmatch(mount_id):
+            raise VolumeError(f"bad mount ID {mount_id[:80]!r}")
         path = self._make(name)
-        if os.path.ismount(path):
+        if self.mounts.mounted(path):
             if self._owners.get(name) == mount_id:
                 return {"Mountpoint": str(path)}
             raise VolumeError(f"volume {name} is mounted by another container: each "
@@ -260,7 +277,7 @@ class VolumeDriver:
         except (OSError, ValueError) as e:
             self.mounts.unmount(path)
             raise VolumeError(f"cannot make the ring of volume {name}: {e}") from None
-        self._owners[name] = mount_id
+        self._set_owner(name, mount_id)
         log.info("volume %s: mounted, ring %s", name, path / RING_FILE)
         return {"Mountpoint": str(path)}
 
@@ -270,15 +287,15 @@ class VolumeDriver:
         if owner is not None and owner != mount_id:
             return {}  # not the container that holds it
         path = self.directory / name
-        if os.path.ismount(path):
+        if self.mounts.mounted(path):
             self.mounts.unmount(path)
             log.info("volume %s: unmounted", name)
-        self._owners.pop(name, None)
+        self._set_owner(name, None)
         return {}
 
     def path(self, request: dict[str, Any]) -> dict[str, Any]:
         path = self._existing(self._name(request))
-        return {"Mountpoint": str(path) if os.path.ismount(path) else ""}
+        return {"Mountpoint": str(path) if self.mounts.mounted(path) else ""}
 
     def get(self, request: dict[str, Any]) -> dict[str, Any]:
         name = self._name(request)
@@ -307,6 +324,45 @@ class VolumeDriver:
             raise VolumeError(f"{path} is not a directory")
         return path
 
+    def _owner_file(self, name: str) -> Path:
+        return self.directory / f".{name}{OWNER_SUFFIX}"
+
+    def _set_owner(self, name: str, mount_id: str | None) -> None:
+        """Records who holds volume `name` (None: nobody), in memory and beside it, so that
+        a restarted daemon knows it too (the root-only directory: no container writes
+        there)."""
+        path = self._owner_file(name)
+        if mount_id is None:
+            self._owners.pop(name, None)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return
+        staged = path.with_name(path.name + ".new")
+        staged.write_text(mount_id)
+        staged.replace(path)
+        self._owners[name] = mount_id
+
+    def _load_owners(self) -> dict[str, str]:
+        """The owners a previous run recorded of the volumes still mounted; the records of
+        the others are stale, and removed."""
+        owners = {}
+        with os.scandir(self.directory) as entries:
+            records = [e.name for e in entries if e.name.startswith(".")
+                       and e.name.endswith(OWNER_SUFFIX) and e.is_file(follow_symlinks=False)]
+        for record in records:
+            name = record[1:-len(OWNER_SUFFIX)]
+            try:
+                mount_id = (self.directory / record).read_text()[:300]
+            except (OSError, UnicodeDecodeError):
+                mount_id = ""
+            if (_VOLUME_NAME.fullmatch(name) and _MOUNT_ID.fullmatch(mount_id)
+                    and self.mounts.mounted(self.directory / name)):
+                owners[name] = mount_id
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / record).unlink()
+        return owners
+
     def _existing(self, name: str) -> Path:
         path = self.directory / name
         if not path.is_dir() or path.is_symlink():
@@ -314,7 +370,7 @@ class VolumeDriver:
         return path
 
     def _describe(self, name: str, path: Path) -> dict[str, Any]:
-        mounted = os.path.ismount(path)
+        mounted = self.mounts.mounted(path)
         return {"Name": name, "Mountpoint": str(path) if mounted else "",
                 "Status": {"mounted": mounted, "ring": str(path / RING_FILE)}}
 
@@ -333,8 +389,17 @@ _ENDPOINTS: dict[str, Callable[[VolumeDriver, dict[str, Any]], dict[str, Any]]] 
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
+    """One connection, one request: it must arrive whole within REQUEST_TIMEOUT_S (a
+    client dripping bytes is cut off then), and the reply waits for nothing but the
+    driver."""
+
     server: _Server
     timeout = REQUEST_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own reader: each read would get the whole timeout
+        self.rfile = io.BufferedReader(_ByDeadline(self.connection, REQUEST_TIMEOUT_S))
 
     def do_POST(self) -> None:
         try:
@@ -348,6 +413,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 request = json.loads(self.rfile.read(length) or b"{}")
             except (ValueError, RecursionError):
                 request = None
+            self.connection.settimeout(self.timeout)  # read: now for the reply
             reply = ({"Err": "request is not valid JSON"} if request is None
                      else self.server.driver.handle(self.path, request))
         body = json.dumps(reply).encode()
@@ -364,15 +430,66 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.debug("volume driver: " + format, *args)
 
 
-class _Server(socketserver.UnixStreamServer):
+class _ByDeadline(io.RawIOBase):
+    """A socket's reads, each given what is left of one deadline as its timeout: however a
+    client paces its bytes, its request is cut off at the deadline."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock = sock
+        self._deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """Serves each connection in a thread of its own, at most MAX_CONNECTIONS at once."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
     def __init__(self, path: Path, driver: VolumeDriver) -> None:
         self.driver = driver
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._errors = RateLimitedLog(log)
         super().__init__(str(path), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            self._errors.log(logging.WARNING, "full", "volume driver: %d connections "
+                             "already: one closed unanswered", MAX_CONNECTIONS)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line at most a minute: a client that hangs up before its reply (or is cut
+        off) is its own affair, not a traceback in the daemon's log."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            self._errors.log(logging.INFO, "client", "volume driver: a client's connection "
+                             "failed: %s", error.strerror or error)
+        else:
+            self._errors.log(logging.ERROR, "bug", "volume driver: a request failed",
+                             exc_info=True)
 
 
 class VolumePlugin:
-    """Serves the driver on RUN_DIR/plugin.sock (mode 0600: dockerd runs as root) from a
-    thread of its own, one request at a time."""
+    """Serves the driver on RUN_DIR/plugin.sock (mode 0600: dockerd runs as root), each
+    connection in a thread of its own (the driver runs one request at a time)."""
 
     def __init__(self, driver: VolumeDriver, path: Path) -> None:
         self.path = path
@@ -401,5 +518,5 @@ def plugin_spec(path: Path) -> str:
     return f"unix://{path}\n"
 
 
-__all__ = ["DRIVER", "KernelMounts", "SystemdMounts", "VolumeDriver", "VolumeError",
+__all__ = ["DRIVER", "KernelMounts", "Mounts", "SystemdMounts", "VolumeDriver", "VolumeError",
            "VolumePlugin", "default_mounts", "plugin_spec"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cgroup import CgroupError, Resolved
-from .engine import Container, Engine, EngineError, EventStream
+from .engine import Container, Engine, EngineError, EventStream, check_container_name
 from .labels import Objective, effective, objective, ours
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Seen:
     or its service's), or a volume of the dqoes volume driver."""
 
     id: str
-    name: str
+    name: str  # a malformed one's stand-in, "<...>": no container name has that form
     objective: Objective | None  # None: no target in its labels
     source: str  # "label" (its own labels) or "service" (its service's)
     error: str | None  # why its labels are refused (then objective is None)
@@ -230,12 +230,17 @@ class Watcher:
         rings = [self._volume_ring(name) for driver, name in c.volumes if driver == self._driver]
         if not labels and not rings:
             return None
+        name = c.name
         try:
             wanted, error = objective(labels), None
         except ValueError as e:
             wanted, error = None, str(e)
         if len(rings) > 1:
             wanted, error = None, f"{len(rings)} {self._driver} volumes: mount one"
-        return Seen(c.id, c.name, wanted, source, error, self._resolve_pid(c.pid),
+        try:
+            check_container_name(name)
+        except ValueError as e:
+            name, wanted, error = f"<{ascii(name)[1:41]}>", None, str(e)
+        return Seen(c.id, name, wanted, source, error, self._resolve_pid(c.pid),
                     rings[0] if rings else None)
 

@@ -7,7 +7,9 @@ the real thing on three real dockerd is tests/test_cluster_swarm.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -22,7 +24,7 @@ from dqoes_cg import ctl
 from dqoes_cg.cluster.agent import Agent
 from dqoes_cg.cluster.identity import Credentials, IdentityError, peer_identity, plain_key
 from dqoes_cg.cluster.manager import Manager, judge
-from dqoes_cg.cluster.managerd import OPERATIONS, handler
+from dqoes_cg.cluster.managerd import OPERATIONS, handler, serve
 from dqoes_cg.cluster.protocol import (
     Ack,
     Channel,
@@ -36,6 +38,7 @@ from dqoes_cg.cluster.server import Server
 from dqoes_cg.cluster.show import format_cluster
 from dqoes_cg.cluster.view import ClusterView
 from dqoes_cg.control import ControlServer
+from dqoes_cg.sdnotify import Notifier
 from tests.fakeswarm import FakeDqoesd, StubEngine, node_doc, service_doc, status_doc, task_doc
 from tests.swarmca import SwarmCA, swarm_id
 
@@ -195,6 +198,29 @@ def test_a_node_reports_only_about_its_own_tasks(cluster: Cluster, server: Serve
     assert view.node(cluster.id("node3")).B == 0  # type: ignore[union-attr]
 
 
+def test_a_node_refused_again_and_again_logs_a_line_a_minute(
+        cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """2,000 reports claiming another node's container, every other one: each was a line."""
+    node2 = cluster.id("node2")
+    with caplog.at_level(logging.INFO):
+        for seq in range(2000):
+            claims = (container(CID_DB),) if seq % 2 else ()
+            cluster.manager.receive(node2, report(seq, *claims), time.monotonic())
+    assert sum("refused" in m for m in caplog.messages) == 1
+
+
+def test_unauthenticated_peers_log_a_line_a_minute(
+        server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        for _ in range(50):
+            with socket.create_connection(server.address, timeout=DEADLINE_S) as raw:
+                raw.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                with contextlib.suppress(ConnectionResetError):
+                    while raw.recv(4096):  # until the manager hangs up: it has logged then
+                        pass
+    assert sum("connection from 127.0.0.1 ended" in m for m in caplog.messages) == 1
+
+
 def test_a_container_no_task_runs_is_refused_after_a_grace() -> None:
     mine, other = swarm_id(), swarm_id()
     owners = {CID_WEB: mine, CID_DB: other}
@@ -341,6 +367,37 @@ def test_dqoesctl_cluster_status_table_and_json(cluster: Cluster, manager_socket
     assert any(line.split()[:3] == ["node2", "worker", "up"] for line in lines)
     assert any(line.split()[:4] == ["web.1", "node2", "running", "S"] for line in lines)
     assert "|S| 1 of 2 tasks | nodes 1 of 3 up" in table
+
+
+def test_cluster_status_is_answered_while_swarms_api_is_silent(
+        cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The manager reads Swarm in a thread of its own: a read that hangs (up to the
+    engine's timeout, 10 s each) keeps no request waiting."""
+    silent, reading, answers = threading.Event(), threading.Event(), threading.Event()
+    answer = cluster.engine.call
+
+    def hanging_call(*args: Any, **kwargs: Any) -> Any:
+        if silent.is_set():
+            reading.set()
+            answers.wait()
+        return answer(*args, **kwargs)
+
+    cluster.engine.call = hanging_call  # type: ignore[method-assign]
+    path, stopping = tmp_path / "manager.sock", threading.Event()
+    control = ControlServer(path, handler(cluster.manager), OPERATIONS)
+    loop = threading.Thread(target=serve, args=(cluster.manager, control, Notifier(), 0.05,
+                                                stopping))
+    loop.start()
+    try:
+        silent.set()
+        wait_for("a read of Swarm's API hanging", reading.is_set)
+        assert ctl.main(["cluster", "status", "--manager-socket", str(path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["nodes"]
+    finally:
+        stopping.set()
+        answers.set()
+        loop.join()
+        control.close()
 
 
 def test_dqoesctl_cluster_status_without_a_manager(tmp_path: Path,

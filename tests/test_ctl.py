@@ -29,14 +29,17 @@ from lab.stubdaemon import StubDaemon
 
 @pytest.mark.parametrize(("text", "seconds"), [
     ("40ms", 0.04), ("1.5s", 1.5), ("250us", 250e-6), ("250µs", 250e-6), (" 2 s ", 2.0),
-    (".5ms", 0.0005),
+    (".5ms", 0.0005), ("1us", 1e-6), ("0.6us", 1e-6 * 0.6),
 ])
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "40", "ms", "-5ms", "0ms", "1e3ms", "5 min", "nan s",
-                                  "40msx", "4,5s"])
+                                  "40msx", "4,5s", "\u0664\u0660ms", "\uff14\u0660ms",
+                                  "\U0001d7d2\U0001d7ce ms", "40\u2003ms",
+                                  "0.000001us", "0.5us",
+                                  pytest.param("9" * 400 + "s", id="overflow")])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
@@ -144,7 +147,7 @@ def test_pending_target_binds_when_the_cgroup_appears(daemon: Daemon) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (("set-target", "pods/nothing", "40ms"), "no cgroup"),
     (("set-target", "pods/web", "40"), "unit"),
-    (("set-target", "pods/web", "0ms"), "greater than zero"),
+    (("set-target", "pods/web", "0ms"), "at least 1us"),
     (("set-target", "pods/web", "--", "-3ms"), "bad duration"),
     (("set-target", "pods/web", "2h"), "bad duration"),
     (("set-target", "pods/web", "5000s"), "at most"),

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import CgroupError, Kind, Resolved
 from dqoes_cg.labels import Objective
 from dqoes_cg.targets import TargetError
 from dqoes_cg.watcher import Changes, Seen
+from lab.fakecg import make_cgroup
 from tests.test_controller import ORIGINAL, Host, _cpu_max
 
 A, B = "a" * 64, "b" * 64
@@ -157,4 +159,59 @@ def test_service_labels_pushed_through_the_control_api(host: Host) -> None:
     c.watcher = None
     with pytest.raises(RequestError, match="follows no container engine"):
         api.handle(c, "service-labels", {"service_id": "a", "labels": None}, root)
+    c.shutdown()
+
+
+def test_no_value_from_the_engine_stops_the_loop(host: Host) -> None:
+    """A name the watcher would refuse, reported anyway: its change fails alone."""
+    w = StubWatcher()
+    c = controller(host, w)
+    w.report(seen(host, A, "\udcff"), seen(host, B, "good"), listed=True)
+    c.tick(time.monotonic())
+    assert c.targets.get("good").cgroup is not None
+    c.shutdown()
+
+
+def test_labels_get_no_more_targets_than_the_descriptors_hold(
+        host: Host, caplog: pytest.LogCaptureFixture) -> None:
+    """The open-file limit caps them as it caps dqoesctl set-target: the excess are refused
+    with the reason, listed and logged once, never bound, until room is made."""
+    w = StubWatcher()
+    c = controller(host, w)
+    c.max_targets = 1
+    w.report(seen(host, A, "web"), seen(host, B, "db"), listed=True)
+    c.tick(time.monotonic())
+    rows = {r.name: r for r in c.listings()}
+    assert rows["web"].state == "bound" and _cpu_max(host.b) == "max 100000"
+    assert rows["db"].state == "invalid" and "no room for more than 1 targets" in \
+        rows["db"].reason
+    w.report(seen(host, B, "db"))  # seen again: still refused, not logged again
+    c.tick(time.monotonic())
+    assert "db" not in c.targets and caplog.text.count("db: labels refused") == 1
+    with pytest.raises(TargetError, match="no room for more than 1 targets"):
+        c.set_target("other", 0.1, "mean", True)
+    w.report((A, None))  # web stops: db takes the room it leaves
+    for _ in range(2):
+        c.tick(time.monotonic())
+    assert [(r.name, r.state) for r in c.listings()] == [("db", "bound")]
+    c.shutdown()
+
+
+def test_a_burst_of_containers_joins_over_several_ticks(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """So that requests are answered between ticks during a burst; a listing's sweep of the
+    targets whose containers are gone waits until the whole listing is applied."""
+    monkeypatch.setattr(controller_module, "ENGINE_BUDGET_S", -1.0)  # one a tick
+    w = StubWatcher()
+    c = controller(host, w)
+    c.set_target("old", 0.1, "mean", True, source="label")  # of a previous run
+    ids = [f"{i:x}" * 64 for i in range(3, 8)]
+    for cid in ids:
+        make_cgroup(host.mount, "docker/" + cid)
+    w.report(*(seen(host, cid, f"c{i}") for i, cid in enumerate(ids)), listed=True)
+    counts = []
+    for _ in range(5):
+        c.tick(time.monotonic())
+        counts.append((len([t for t in c.targets if t.name != "old"]), "old" in c.targets))
+    assert counts == [(1, True), (2, True), (3, True), (4, True), (5, False)]
     c.shutdown()

@@ -17,7 +17,7 @@ def test_a_target_and_a_metric() -> None:
     ({"dqoes.target": "fast"}, "dqoes.target: bad duration 'fast'"),
     ({"dqoes.target": "-5ms"}, "dqoes.target: bad duration '-5ms'"),
     ({"dqoes.target": "40"}, "use a number and a unit"),
-    ({"dqoes.target": "0ms"}, "greater than zero"),
+    ({"dqoes.target": "0ms"}, "at least 1us"),
     ({"dqoes.target": "2h"}, "bad duration"),
     ({"dqoes.target": "5000s"}, "at most 3600 s"),
     ({"dqoes.target": "9" * 400 + "s"}, "longer than 64 characters"),

@@ -5,20 +5,39 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import socket
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from dqoes_cg import volumes
 from dqoes_cg.ring import RingSet, Status
-from dqoes_cg.volumes import MAX_REQUEST, KernelMounts, VolumeDriver, VolumePlugin, unit_name
+from dqoes_cg.volumes import (
+    MAX_REQUEST,
+    KernelMounts,
+    Mounts,
+    VolumeDriver,
+    VolumePlugin,
+    unit_name,
+)
 
 CAPACITY = 1024
+DEADLINE_S = 60.0  # a loaded 2-core host
 
 
-class NoMounts:
+def wait_for(what: str, check: Callable[[], object]) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        assert time.monotonic() < deadline, f"not within {DEADLINE_S:.0f} s: {what}"
+        time.sleep(0.05)
+
+
+class NoMounts(Mounts):
     def mount(self, where: Path, size: int) -> None:
         raise AssertionError("no mount expected")
 
@@ -138,3 +157,113 @@ def test_an_unmount_with_the_ring_open_is_lazy(driver: VolumeDriver) -> None:
         assert not os.path.ismount(where)
         rings.drain()  # the daemon's reader sees its ring gone, as with any removed ring
         assert rings.status[0] in (Status.OK, Status.UNUSED, Status.MISSING)
+
+
+class FakeMounts(Mounts):
+    """Mounts that only count as mounted: what the kernel keeps across a daemon's restart."""
+
+    def __init__(self) -> None:
+        self.points: set[Path] = set()
+
+    def mount(self, where: Path, size: int) -> None:
+        self.points.add(where)
+
+    def unmount(self, where: Path) -> None:
+        self.points.discard(where)
+
+    def mounted(self, where: Path) -> bool:
+        return where in self.points
+
+
+def test_ownership_survives_a_restart(tmp_path: Path) -> None:
+    mounts = FakeMounts()
+    first = VolumeDriver(tmp_path / "run", CAPACITY, mounts)
+    assert first.handle("/VolumeDriver.Mount", {"Name": "v1", "ID": "c1"})["Err"] == ""
+    again = VolumeDriver(tmp_path / "run", CAPACITY, mounts)  # dqoesd restarted
+    assert again.handle("/VolumeDriver.Mount", {"Name": "v1", "ID": "c1"})["Err"] == ""
+    assert "mounted by another" in again.handle("/VolumeDriver.Mount",
+                                                {"Name": "v1", "ID": "c2"})["Err"]
+    again.handle("/VolumeDriver.Unmount", {"Name": "v1", "ID": "c2"})
+    assert mounts.mounted(again.directory / "v1"), "not c2's to unmount"
+    again.handle("/VolumeDriver.Unmount", {"Name": "v1", "ID": "c1"})
+    assert not mounts.points and os.listdir(again.directory) == ["v1"]  # no record left
+    assert "bad mount ID" in again.handle("/VolumeDriver.Mount",
+                                          {"Name": "v1", "ID": "x\n" * 200})["Err"]
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Iterator[VolumePlugin]:
+    p = VolumePlugin(VolumeDriver(tmp_path / "run", CAPACITY, NoMounts()),
+                     tmp_path / "plugin.sock")
+    yield p
+    p.close()
+
+
+def test_a_client_hanging_up_before_its_reply_is_one_line_a_minute(
+        plugin: VolumePlugin, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with caplog.at_level(logging.INFO):
+        for _ in range(20):
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(str(plugin.path))
+                client.sendall(b"POST /Plugin.Activate HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+        wait_for("a line on a hang-up", lambda: "connection failed" in caplog.text)
+        assert post(plugin.path, "/Plugin.Activate", b"")["Err"] == ""
+    assert caplog.text.count("connection failed") == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_dripping_client_costs_only_its_own_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(volumes, "REQUEST_TIMEOUT_S", 1.0)
+    plugin = VolumePlugin(VolumeDriver(tmp_path / "run", CAPACITY, NoMounts()),
+                          tmp_path / "plugin.sock")
+    cut_off, stop = threading.Event(), threading.Event()
+
+    def drip() -> None:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(plugin.path))
+            try:
+                for byte in iter(lambda: b"P", None):
+                    client.sendall(byte)  # a byte every 0.1 s: each read is quick
+                    if stop.wait(0.1):
+                        return
+            except OSError:
+                cut_off.set()
+
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    try:
+        assert post(plugin.path, "/Plugin.Activate", b"")["Err"] == ""
+        wait_for("the dripping client cut off at its request's deadline", cut_off.is_set)
+    finally:
+        stop.set()
+        dripper.join()
+        plugin.close()
+
+
+def test_connections_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(volumes, "MAX_CONNECTIONS", 4)
+    plugin = VolumePlugin(VolumeDriver(tmp_path / "run", CAPACITY, NoMounts()),
+                          tmp_path / "plugin.sock")
+    idle = [socket.socket(socket.AF_UNIX) for _ in range(4)]
+    try:
+        for s in idle:
+            s.connect(str(plugin.path))
+        with socket.socket(socket.AF_UNIX) as extra:
+            extra.settimeout(DEADLINE_S)
+            extra.connect(str(plugin.path))
+            assert extra.recv(1) == b"", "the fifth connection is closed unanswered"
+        for s in idle:
+            s.close()
+
+        def answered() -> bool:
+            try:
+                return post(plugin.path, "/Plugin.Activate", b"")["Err"] == ""
+            except (http.client.HTTPException, OSError):
+                return False  # not all closed connections are let go of yet
+        wait_for("an answer once the idle connections are gone", answered)
+    finally:
+        for s in idle:
+            s.close()
+        plugin.close()

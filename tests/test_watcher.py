@@ -4,15 +4,27 @@ socket: listing at connect, events, reconnects, coalescing, service labels, boun
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from dqoes_cg.cgroup import Kind, Resolved
-from dqoes_cg.engine import Engine, EngineError, parse_container, parse_event
-from dqoes_cg.labels import Objective
+from dqoes_cg.cgroup import CgroupError, Kind, Resolved
+from dqoes_cg.engine import (
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    SERVICE_ID,
+    Engine,
+    EngineError,
+    parse_container,
+    parse_event,
+)
+from dqoes_cg.engines import NameAsker
+from dqoes_cg.labels import Objective, objective
+from dqoes_cg.ring import ring_dir_name
 from dqoes_cg.watcher import Changes, Seen, Watcher
 from tests.fakeengine import FakeEngine
 
@@ -60,11 +72,11 @@ def collect(w: Watcher, until: Callable[[Changes], bool], timeout: float = 30) -
 
 def test_parse_container_and_events() -> None:
     c = parse_container({"Id": cid(1), "Name": "/web", "State": {"Running": True, "Pid": 7},
-                         "Config": {"Labels": {"a": "b", "n": 1, "x" * 5000: "y"}},
+                         "Config": {"Labels": {"dqoes.a": "b", "n": 1, "x" * 5000: "y"}},
                          "Mounts": [{"Type": "volume", "Driver": "dqoes", "Name": "v"},
                                     {"Type": "bind", "Source": "/x"}, "junk"]})
     assert (c.name, c.pid, c.running, c.labels, c.volumes) == \
-        ("web", 7, True, {"a": "b"}, (("dqoes", "v"),))
+        ("web", 7, True, {"dqoes.a": "b"}, (("dqoes", "v"),))
     for bad in (None, [], {"Id": 1}, {"Id": "x", "Name": "/n", "State": {"Pid": "7"}}):
         with pytest.raises(ValueError):
             parse_container(bad)
@@ -72,6 +84,34 @@ def test_parse_container_and_events() -> None:
                        ).action == "exec_start"
     for line in (b"", b"[", b"[]", b'{"Type":1}', b"[" * 100000):
         assert parse_event(line) is None
+
+
+def inspected(labels: dict[str, str]) -> dict[str, str]:
+    return parse_container({"Id": cid(1), "Name": "/c", "State": {"Running": True, "Pid": 7},
+                            "Config": {"Labels": labels}}).labels
+
+
+@pytest.mark.parametrize(("labels", "reason"), [
+    ({"dqoes.target": "4" * 5000 + "ms"}, "longer than 64 characters"),
+    ({"dqoes.target": "40ms", "dqoes." + "k" * (1 << 20): "v"}, "unknown label 'dqoes.kkk"),
+    ({"dqoes.target": "40ms", "dqoes.metric": "p" * 5000}, "unknown metric 'ppp"),
+    ({f"dqoes.k{i}": "v" for i in range(MAX_LABELS * 2)}, "unknown label 'dqoes.k0'"),
+])
+def test_no_dqoes_label_vanishes(labels: dict[str, str], reason: str) -> None:
+    """However long, or many: each is refused with a reason, not dropped unseen."""
+    kept = inspected(labels)
+    assert len(kept) <= MAX_LABELS and all(len(k) + len(v) <= 2 * MAX_LABEL_CHARS
+                                           for k, v in kept.items())
+    with pytest.raises(ValueError, match=reason):
+        objective(kept)
+
+
+def test_only_the_labels_read_are_kept() -> None:
+    """Of 512 labels of 4 KB (2 MB), the two dqoes-cg reads: one after the 512th counts."""
+    labels = {f"team.{i}": "x" * 4000 for i in range(512)}
+    labels.update({SERVICE_ID: "svc1", "dqoes.target": "40ms"})
+    assert inspected(labels) == {SERVICE_ID: "svc1", "dqoes.target": "40ms"}
+    assert objective(inspected(labels)) == Objective(0.04, "p95")
 
 
 def test_engine_errors_are_one_line(tmp_path: Path, engine: FakeEngine) -> None:
@@ -105,6 +145,20 @@ def test_a_listing_at_connect_then_events(engine: FakeEngine, watcher: Watcher) 
     engine.event("container", "die", cid(1))
     assert collect(watcher, lambda c: cid(1) in c.seen).seen[cid(1)] is None
     assert watcher.container_id("web") is None
+
+
+def test_a_malformed_name_is_refused_with_its_reason(engine: FakeEngine,
+                                                    watcher: Watcher) -> None:
+    """Docker refuses such names, but the engine's answers are input like any other."""
+    for i, name in enumerate(("\udcff", "web\nforged", "x" * 300, "../up", "")):
+        engine.add(cid(i), name, LABELS, pid=10 + i)
+    watcher.start()
+    seen = collect(watcher, lambda c: c.listed).seen
+    assert len(seen) == 5
+    for s in seen.values():
+        assert s.objective is None and "not a container name" in s.error
+        assert s.name.startswith("<") and s.name.isascii() and s.name.isprintable()
+        ring_dir_name(s.name)
 
 
 def test_a_restart_loop_settles_on_its_last_state(engine: FakeEngine, watcher: Watcher) -> None:
@@ -194,3 +248,31 @@ def wait(predicate: Callable[[], bool], timeout: float = 30) -> None:
     while not predicate():
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_a_name_asked_of_a_silent_engine_stalls_no_tick(tmp_path: Path,
+                                                        engine: FakeEngine) -> None:
+    """The loop waits ANSWER_WAIT_S for an answer at most, however long the engine takes;
+    a question still out makes the next fail at once."""
+    silent = socket.socket(socket.AF_UNIX)
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen(16)  # connections are queued, never answered
+    ask = NameAsker(Engine(tmp_path / "silent.sock", timeout=3600))
+    outcome: list[str] = []
+
+    def asking() -> None:
+        for _ in range(2):
+            with pytest.raises(CgroupError) as e:
+                ask("web")
+            outcome.append(str(e.value))
+
+    thread = threading.Thread(target=asking, daemon=True)
+    thread.start()
+    thread.join(60)
+    silent.close()
+    assert len(outcome) == 2, "the loop waited on a silent engine"
+    assert "did not answer within" in outcome[0]
+    assert "has not answered the last question yet" in outcome[1]
+    engine.add(cid(1), "web", None, pid=11)
+    assert NameAsker(Engine(engine.path))("web") == cid(1)
+    assert NameAsker(Engine(engine.path))("nosuch") is None

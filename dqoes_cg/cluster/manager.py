@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engine import Engine, EngineError
+from ..logs import RateLimitedLog
 from ..placement import PlacementParams
 from . import swarmapi
 from .actions import SwarmActions
@@ -94,6 +95,7 @@ class Manager:
         self._pushes: dict[str, dict[str, dict[str, str]]] = {}  # node ID: its services
         self._view: ClusterView | None = None
         self._quiet: dict[str, float] = {}  # placement refusals logged, and when
+        self._per_node = RateLimitedLog(log)  # a node chooses how many claims it refuses
 
     # --- the main loop -------------------------------------------------------------------
 
@@ -165,8 +167,9 @@ class Manager:
             name = self._name(node_id)
             for cid, why in refused:
                 if cid not in reports.logged:
-                    log.warning("node %s reported on container %s: refused, %s", name,
-                                cid[:12], why)
+                    self._per_node.log(logging.WARNING, node_id,
+                                       "node %s reported on container %s: refused, %s",
+                                       name, cid[:12], why)
                     reports.logged.add(cid)
             reports.logged &= {cid for cid, _ in refused}
         return Ack(report.seq, tuple(refused))

@@ -23,7 +23,7 @@ from typing import Any
 from .. import __version__
 from ..control import ControlServer, Peer, RequestError
 from ..engine import DOCKER_SOCKET, Engine, EngineError
-from ..logs import setup_logging
+from ..logs import RateLimitedLog, setup_logging
 from ..paths import MANAGER_SOCKET
 from ..placement import PlacementParams
 from ..sdnotify import Notifier
@@ -148,22 +148,46 @@ def main(argv: list[str] | None = None) -> int:
     notifier.ready(f"node {node_id}, listening on {listen[0]}:{listen[1]}")
     log.info("dqoes-manager %s ready: node %s of Swarm %s, agents on %s:%d, socket %s",
              __version__, node_id, swarm_id, *server.address, args.socket)
-    next_tick = time.monotonic() + args.tick
     try:
-        while not stopping.is_set():
-            now = time.monotonic()
-            if now >= next_tick:
-                view = manager.tick(now)
-                notifier.alive(f"{len(view.nodes)} nodes, {len(view.tasks)} tasks, "
-                               f"|S| {view.satisfied()}")
-                next_tick = max(next_tick + args.tick, now)
-            control.poll(next_tick - time.monotonic())
+        serve(manager, control, notifier, args.tick, stopping)
     finally:
         notifier.stopping()
         control.close()
         server.close()
         log.info("dqoes-manager stopped")
     return 0
+
+
+def serve(manager: Manager, control: ControlServer, notifier: Notifier, tick_s: float,
+          stopping: threading.Event) -> None:
+    """Answers the control socket until `stopping`, while a thread of its own reads Swarm
+    and builds the view every `tick_s`: Swarm's API may take its timeout to answer (10 s),
+    and `dqoesctl cluster status` is answered from the last view meanwhile."""
+    ticker = threading.Thread(target=_tick, args=(manager, tick_s, stopping),
+                              name="dqoes-swarm", daemon=True)
+    ticker.start()
+    try:
+        while not stopping.is_set():
+            view = manager.view()
+            if view is not None:
+                notifier.alive(f"{len(view.nodes)} nodes, {len(view.tasks)} tasks, "
+                               f"|S| {view.satisfied()}")
+            control.poll(tick_s)
+    finally:
+        stopping.set()
+        ticker.join()
+
+
+def _tick(manager: Manager, tick_s: float, stopping: threading.Event) -> None:
+    failures = RateLimitedLog(log)
+    next_tick = time.monotonic() + tick_s
+    while not stopping.wait(max(0.0, next_tick - time.monotonic())):
+        now = time.monotonic()
+        try:
+            manager.tick(now)
+        except Exception:  # a bug must not leave the view stale for good
+            failures.log(logging.ERROR, "tick", "the cluster's tick failed", exc_info=True)
+        next_tick = max(next_tick + tick_s, now)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ identity is that certificate's node ID; a node that connects again replaces its 
 connection. Each connection's thread answers the node's reports (manager.py judges them),
 sends the node its services' labels whenever they change, and ends the connection when
 the node breaks the protocol or stays silent for IDLE_TIMEOUT_S. At most MAX_CONNECTIONS
-connections at once; the server's certificate is loaded again when Swarm renews it.
+connections at once; the server's certificate is loaded again when Swarm renews it. What a
+peer's connections make it log is at most a line a minute per peer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ssl
 import threading
 import time
 
+from ..logs import RateLimitedLog
 from .identity import Credentials, IdentityError, peer_identity
 from .manager import Manager
 from .protocol import Channel, ProtocolError, Report, Services, reason
@@ -45,6 +47,7 @@ class Server:
         self._listener.settimeout(POLL_S)
         self.address = self._listener.getsockname()[:2]
         self._stopping = threading.Event()
+        self._per_peer = RateLimitedLog(log)  # anyone may connect, a node reconnect in a loop
         self._lock = threading.Lock()
         self._current: dict[str, threading.Event] = {}  # node ID: its connection's "replaced"
         self._threads: set[threading.Thread] = set()
@@ -70,7 +73,9 @@ class Server:
             except TimeoutError:
                 continue
             except OSError as e:  # e.g. out of descriptors: this one is lost, go on
-                log.warning("accepting a node's connection failed: %s", e.strerror or e)
+                self._per_peer.log(logging.WARNING, "accept",
+                                   "accepting a node's connection failed: %s",
+                                   e.strerror or e)
                 self._stopping.wait(POLL_S)
                 continue
             with self._lock:
@@ -113,11 +118,12 @@ class Server:
             if previous is not None:
                 previous.set()
             self.manager.connected(node_id)
-            log.info("node %s (%s, %s) connected", node_id, identity.role, peer)
+            self._per_peer.log(logging.INFO, node_id, "node %s (%s, %s) connected",
+                               node_id, identity.role, peer)
             self._converse(node_id, channel, replaced)
         except (OSError, ssl.SSLError, IdentityError, ProtocolError, ConnectionError) as e:
-            log.info("connection from %s%s ended: %s", peer,
-                     f" (node {node_id})" if node_id else "", reason(e))
+            self._per_peer.log(logging.INFO, peer, "connection from %s%s ended: %s", peer,
+                               f" (node {node_id})" if node_id else "", reason(e))
         except Exception:  # a bug must end this connection only
             log.exception("connection from %s failed", peer)
         finally:

@@ -102,7 +102,7 @@ def parse_node(doc: Any) -> SwarmNode | None:
         return SwarmNode(_str(doc["ID"]), _str(doc["Description"]["Hostname"]),
                          _str(spec["Role"]), _str(status["State"]), availability,
                          _str(status.get("Addr", "")), availability == "pause"
-                         and PAUSED_LABEL in parse_labels(spec.get("Labels")))
+                         and PAUSED_LABEL in parse_labels(spec.get("Labels"), (PAUSED_LABEL,)))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
@@ -111,7 +111,7 @@ def parse_service(doc: Any) -> SwarmService | None:
     try:
         sid, spec = _str(doc["ID"]), doc["Spec"]
         task = spec.get("TaskTemplate") or {}
-        labels = parse_labels(spec.get("Labels"))
+        labels = parse_labels(spec.get("Labels"), (AVOID_LABEL,))
         container = parse_labels((task.get("ContainerSpec") or {}).get("Labels"))
         mode = spec.get("Mode") or {}
         replicated = mode.get("Replicated")
