@@ -638,26 +638,29 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.sqrt(margin, out=margin)
     np.multiply(margin, MARGIN_Z, out=margin)
     np.maximum(margin, MARGIN_MIN, out=margin)
+    np.exp(margin, out=s.aim)  # the base's margin, uncapped: a band's width is no bound there
     np.minimum(margin, math.atanh(alpha), out=margin)
     np.exp(margin, out=margin)  # e^mu from here on
     # An open-loop service's arrivals; none for a back-to-back worker, whose x is then L.
     # Its base (what it keeps unadmitted) is its arrivals' need at RHO_FLOOR, past which a
-    # few percent more work or arrivals take its queue far past its target; for a rate
-    # ARRIVALS_Z standard errors above its count, (N + z √N) / T.
+    # few percent more work or arrivals take its queue far past its target: for a rate
+    # ARRIVALS_Z standard errors above its count, (N + z √N) / T, and its work with its
+    # whole scatter (a window of a few requests measures it coarsely).
     np.divide(mem.arrived, mem.arrival_time, out=s.lam)
     np.putmask(s.lam, np.logical_not(mem.open, out=s.mask), 0.0)
     np.putmask(s.lam, np.isnan(s.lam, out=s.mask), 0.0)
-    np.multiply(s.work, margin, out=s.top)  # the work with its margin
-    np.multiply(s.lam, s.top, out=s.knee)  # the CPU its arrivals need
     np.sqrt(mem.arrived, out=s.base)
     np.multiply(s.base, ARRIVALS_Z, out=s.base)
     np.divide(s.base, mem.arrival_time, out=s.base)
     np.putmask(s.base, np.isnan(s.base, out=s.mask), 0.0)
     np.putmask(s.base, np.logical_not(mem.open, out=s.mask), 0.0)
-    np.multiply(s.base, s.top, out=s.base)
-    np.add(s.base, s.knee, out=s.base)
+    np.add(s.base, s.lam, out=s.base)
+    np.multiply(s.base, s.work, out=s.base)
+    np.multiply(s.base, s.aim, out=s.base)
     np.multiply(s.base, 1.0 / RHO_FLOOR, out=s.base)
     np.maximum(s.base, floor, out=s.base)
+    np.multiply(s.work, margin, out=s.top)  # the work with its margin
+    np.multiply(s.lam, s.top, out=s.knee)  # the CPU its arrivals need
     # Its own need: where its queue grew at its cap, the arrivals are more than it served.
     np.multiply(s.lam, OVERLOAD, out=s.x)
     np.putmask(s.lam, mem.backlog, s.x)
