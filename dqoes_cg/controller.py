@@ -52,7 +52,7 @@ from .fleet import Fleet
 from .labels import Objective
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
-from .state import ENGINE_SOURCES, INFERENCE, StateError, StateStore
+from .state import ENGINE_SOURCES, INFERENCE, Originals, StateError, StateStore
 from .status import Counters, Listing, Status, build, listing, refused
 from .systemd_units import UnitLimiter
 from .targets import Binder, ResolveMany, TargetError, Targets
@@ -60,7 +60,7 @@ from .watcher import Seen, Watcher
 
 log = logging.getLogger(__name__)
 
-FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max, cpu.pressure and the ring
+FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max, cpu.weight, cpu.pressure, the ring
 FD_RESERVE = 512
 """Descriptors kept for all but the targets: the control socket's clients (at most 288),
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
@@ -158,8 +158,9 @@ class Controller:
         rings = RingSet([self.ring(t.name) for t in bound], self.cfg.ring_capacity,
                         adopt=old_fleet.rings if old_fleet else None)
         self.actuator = Actuator(
-            table, [t.name for t in bound], [t.original_max for t in bound], self.cpus,
-            self.targets, period_usec=self.cfg.period_usec,
+            table, [t.name for t in bound],
+            [Originals(t.original_max, t.original_weight) for t in bound], self.cpus,
+            self.targets, weights=self.cfg.weights, period_usec=self.cfg.period_usec,
             reconcile_interval=self.cfg.reconcile_interval, limiter=self.limiter,
             mount=self.mount, previous=old_actuator)
         self.fleet = Fleet(bound, table, rings, self.cpus, self.actuator.limit, old_fleet, now)

@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="initial interval of the adaptive listener (IV_initial), seconds")
     p.add_argument("--max-interval", type=float, default=pp.iv_max,
                    help="ceiling of the listener's interval, seconds")
+    p.add_argument("--no-weights", dest="weights", action="store_false",
+                   help="leave cpu.weight alone (default: each container's cpu.weight is "
+                        "set in proportion to its limit, so that caps adding up to the "
+                        "CPUs are delivered)")
     p.add_argument("--ring-capacity", type=int, default=d.ring_capacity,
                    help="slots per ring (power of two)")
     p.add_argument("--engine-socket", type=Path, default=DOCKER_SOCKET,
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
         mount=args.cgroup_mount, cpus=args.cpus, policy=args.policy, params=params,
-        ring_capacity=args.ring_capacity)
+        ring_capacity=args.ring_capacity, weights=args.weights)
     notifier = Notifier()
     watchdog = notifier.watchdog_interval()
     if watchdog is not None and watchdog < cfg.sample_interval:

@@ -39,7 +39,7 @@ class ContainerStatus:
     cgroup: str | None
     ring: str
     source: str = "cli"  # who set the target: dqoesctl (cli) or the container's labels
-    foreign_writes: int = 0  # cpu.max values of someone else's found in place of ours
+    foreign_writes: int = 0  # values of someone else's (cpu.max, cpu.weight) in place of ours
     contested: bool = False  # left to another writer for a while (see actuator.py)
     reason: str | None = None  # why it is pending
     kind: str = INFERENCE  # inference (a latency target) or training (FlowCon)
@@ -145,6 +145,7 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
           systemd: tuple[int, int]) -> Status:
     """The status of `targets` (all, or the one asked for) from the loop's tables."""
     t = fleet.table
+    foreign_writes, contested = actuator.foreign_writes, actuator.contested  # both files'
     containers = []
     for target in targets:
         i = fleet.slot.get(target.name)
@@ -164,7 +165,7 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
             None if quota < 0 or period <= 0 else quota / period,
             float(fleet.tick_cores[i]), float(fleet.throttled_ratio[i]),
             int(fleet.samples[i]), target.cgroup, rings[target.name], target.source,
-            int(actuator.foreign_writes[i]), bool(actuator.contested[i]), kind=target.kind,
+            int(foreign_writes[i]), bool(contested[i]), kind=target.kind,
             evaluation=_finite(fleet.evaluation[i]) if training else None,
             growth_efficiency=score if training else None))
     counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
@@ -180,8 +181,8 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
         ring_faults=int(r.faults.sum()) if n else 0,
         ring_lost=int(r.lost_overrun.sum() + r.torn.sum() + r.invalid.sum()) if n else 0,
         totals=dict(counters.totals),
-        foreign_writes=int(actuator.foreign_writes.sum()) if n else 0,
-        contested=int(np.count_nonzero(actuator.contested)),
+        foreign_writes=int(foreign_writes.sum()) if n else 0,
+        contested=int(np.count_nonzero(contested)),
         systemd_sent=systemd[0], systemd_failed=systemd[1])
     return Status(host, containers)
 
