@@ -33,6 +33,8 @@ class Status(IntEnum):
     SKIPPED = lib.DQ_CG_SKIPPED  # pressure(): not read, as `pressure_wanted` asked
 
 
+_OK = int(Status.OK)  # numpy compares an array with an IntEnum through an array of its own
+
 MAX_QUOTA = -1
 """A quota below 0 in `apply` (and -1 from `read_back`) stands for cpu.max's "max"."""
 
@@ -61,7 +63,7 @@ _CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
 
 def raise_fd_limit(needed: int, *, hard: bool = False) -> int:
     """Makes room for `needed` more descriptors: lifts the soft RLIMIT_NOFILE towards the
-    hard one (the usual soft limit, 1024, holds about 300 cgroups at three descriptors each),
+    hard one (the usual soft limit, 1024, holds about 240 cgroups at four descriptors each),
     and with `hard` the hard one too, as far as this process may. Returns how many more
     descriptors may be opened."""
     in_use = len(os.listdir("/proc/self/fd")) + FD_MARGIN
@@ -246,7 +248,7 @@ class CgroupTable:
         np.logical_or(drifted, known, out=drifted)
         np.not_equal(a["last_period_usec"], PERIOD_UNKNOWN, out=known)
         np.logical_and(drifted, known, out=drifted)
-        np.equal(a["read_back_status"], Status.OK, out=known)
+        np.equal(a["read_back_status"], _OK, out=known)
         np.logical_and(drifted, known, out=drifted)
         count = int(np.count_nonzero(drifted))
         if weights:
@@ -254,7 +256,7 @@ class CgroupTable:
             np.not_equal(a["found_weight"], a["last_weight"], out=drifted)
             np.not_equal(a["last_weight"], WEIGHT_UNKNOWN, out=known)
             np.logical_and(drifted, known, out=drifted)
-            np.equal(a["weight_read_back_status"], Status.OK, out=known)
+            np.equal(a["weight_read_back_status"], _OK, out=known)
             np.logical_and(drifted, known, out=drifted)
             count += int(np.count_nonzero(drifted))
         return count
