@@ -80,7 +80,8 @@ def format_status(status: Status) -> str:
              + f", budget {h.budget_cpus:g} CPUs"]
     if h.contested:
         lines.append(f"! {h.contested} contested: another writer keeps changing their "
-                     "cpu.max, which is left to it for a while (see the daemon's log)")
+                     "cpu.max or cpu.weight, which is left to it for a while (see the "
+                     "daemon's log)")
     return "\n".join(lines)
 
 

@@ -6,8 +6,9 @@ controller's status (the daemon's loop holds the same lock while it ticks, so th
 never read half-updated) and renders it in the text format, version 0.0.4:
 
     per container  target, measured latency, class, CPU limit and usage, throttling, samples,
-                   foreign writes of its cpu.max, whether it is contested; for a training
-                   job, its list (as its class), evaluation value and growth efficiency
+                   foreign writes of its cpu.max and cpu.weight, whether it is contested; for a
+                   training job, its list (as its class), evaluation value and growth
+                   efficiency
     per host       containers per class, ticks, decisions, reconcile corrections, ring faults
                    and lost records, systemd updates, the CPU budget and the listener's interval
 """
@@ -100,9 +101,11 @@ def render(status: Status) -> str:
     samples = family("container_window_samples", "gauge",
                      "Latency records in the last decision window")
     foreign = family("container_foreign_writes_total", "counter",
-                     "cpu.max values written by someone else in place of the daemon's")
+                     "cpu.max and cpu.weight values written by someone else in place of "
+                     "the daemon's")
     contested = family("container_contested", "gauge",
-                       "1 while the container's cpu.max is left to another writer")
+                       "1 while the container's cpu.max or cpu.weight is left to another "
+                       "writer")
     evaluation = family("container_evaluation", "gauge",
                         "A training job's latest evaluation value (its loss, accuracy...)")
     growth = family("container_growth_efficiency", "gauge",
