@@ -99,8 +99,7 @@ class Fights:
     """Foreign writes to one file (cpu.max or cpu.weight) of every slot, and the slots left
     to the other writer after a fight over it (see the module's docstring)."""
 
-    def __init__(self, file: str, names: list[str], previous: Fights | None = None,
-                 carry: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(self, file: str, names: list[str]) -> None:
         n = len(names)
         self.file, self.names = file, names
         self.foreign_writes = np.zeros(n, np.uint64)
@@ -108,11 +107,13 @@ class Fights:
         self.contested_until = np.zeros(n)  # monotonic; 0: not contested
         self._backoff = np.full(n, BACKOFF_S)
         self._logged_at = np.full(n, -math.inf)
-        if previous is not None and carry is not None:
-            new, old = carry
-            for attr in ("foreign_writes", "_foreign_at", "contested_until", "_backoff",
-                         "_logged_at"):
-                getattr(self, attr)[new] = getattr(previous, attr)[old]
+
+    def carry_over(self, previous: Fights, new: np.ndarray, old: np.ndarray) -> None:
+        """Take over slots `old` of `previous` (the table before a membership change) as
+        slots `new`."""
+        for attr in ("foreign_writes", "_foreign_at", "contested_until", "_backoff",
+                     "_logged_at"):
+            getattr(self, attr)[new] = getattr(previous, attr)[old]
 
     @property
     def contested(self) -> np.ndarray:
@@ -184,11 +185,8 @@ class Actuator:
         self.original_weight = np.array([o.weight or WEIGHT_UNKNOWN for o in originals],
                                         np.int64)
         self.limit = np.full(n, np.nan)  # in force, fraction of T_R; NaN: not ours
-        carry = None if previous is None else carry_index(self.names, previous.names)
-        self.max_fights = Fights("cpu.max", self.names,
-                                 None if previous is None else previous.max_fights, carry)
-        self.weight_fights = Fights("cpu.weight", self.names,
-                                    None if previous is None else previous.weight_fights, carry)
+        self.max_fights = Fights("cpu.max", self.names)
+        self.weight_fights = Fights("cpu.weight", self.names)
         self.corrections = 0 if previous is None else previous.corrections
         self._next_reconcile = 0.0
         self._quota = np.zeros(n)  # scratch
@@ -199,11 +197,10 @@ class Actuator:
         self._first_weight = np.zeros(n, bool)
         self._unsaved = np.zeros(n, bool)
 
+        if previous is not None:
+            self._carry_over(previous)
         known_weight = self.original_weight != WEIGHT_UNKNOWN
         table.read_back(weights=weights or bool(known_weight.any()))
-        if previous is not None:
-            new, old = carry
-            self.limit[new] = previous.limit[old]
         # Re-adopted after a restart (our original is saved, the table is new): the value in
         # force is the one we wrote, and goes on from there.
         adopted = (self.original_period != PERIOD_UNKNOWN) & np.isnan(self.limit)
@@ -217,6 +214,12 @@ class Actuator:
         adopted = known_weight & (table.last_weight == WEIGHT_UNKNOWN)
         adopted &= (table.weight_read_back_status == Status.OK) & ~self.weight_fights.contested
         table.last_weight[adopted] = table.found_weight[adopted]
+
+    def _carry_over(self, previous: Actuator) -> None:
+        new, old = carry_index(self.names, previous.names)
+        self.limit[new] = previous.limit[old]
+        self.max_fights.carry_over(previous.max_fights, new, old)
+        self.weight_fights.carry_over(previous.weight_fights, new, old)
 
     def __len__(self) -> int:
         return len(self.names)
