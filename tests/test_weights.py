@@ -2,8 +2,9 @@
 cgroup tree: written only where it changed, its original journalled before the first write
 and given back on unset and stop, re-adopted after a crash, an old state file without
 weights loaded, foreign writes counted and a fight left to the other writer, --no-weights,
-no allocation per decision; then on the real kernel: with weights, caps that add up to the
-CPUs are delivered to single-threaded loops (bench/packing.py measured why)."""
+no allocation per decision (the journal, restore, re-adoption and fight rules on real
+cgroups too); then on the real kernel: with weights, caps that add up to the CPUs are
+delivered to single-threaded loops (bench/packing.py measured why)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dqoes_cg.actuator import Actuator, weight_of
 from dqoes_cg.cgtable import LEAVE_ALONE, WEIGHT_UNKNOWN, CgroupTable, Status
 from dqoes_cg.state import Originals, StateError
 from lab.fakecg import make_cgroup, write
-from tests.test_controller import ORIGINAL, Host, _cpu_max
+from tests.test_controller import ORIGINAL, Host, KernelHost, _cpu_max
 
 ORIGINAL_WEIGHT = "300"
 PERIOD_USEC = 100_000
@@ -43,6 +44,18 @@ class WeightedHost(Host):
 @pytest.fixture
 def host(tmp_path: Path) -> WeightedHost:
     return WeightedHost(tmp_path)
+
+
+@pytest.fixture(params=["fake tree", pytest.param("real cgroup", marks=pytest.mark.kernel)])
+def any_host(request: pytest.FixtureRequest, tmp_path: Path) -> Host:
+    """The fake tree on this host, and real cgroups (a cgroup v2 kernel: here or the guest),
+    `a` with a cpu.weight of its own."""
+    if request.param == "fake tree":
+        return WeightedHost(tmp_path)
+    host = KernelHost(tmp_path, request.getfixturevalue("cgroup2_mount"),
+                      request.getfixturevalue("cgroup_root"))
+    (host.a / "cpu.weight").write_text(ORIGINAL_WEIGHT)
+    return host
 
 
 def _targeted(host: Host, *, weights: bool = True) -> tuple[object, str, str]:
@@ -104,7 +117,8 @@ def test_the_weight_of_a_cap() -> None:
 
 
 def test_the_original_weight_is_journalled_before_the_first_write_and_given_back(
-        host: WeightedHost) -> None:
+        any_host: Host) -> None:
+    host = any_host
     a, b = host.names()
     c, _, _ = _targeted(host)
     assert _weight(host.a) == _weight(host.b) == "50"  # 0.25 of 2 CPUs: half a CPU
@@ -154,8 +168,9 @@ def test_no_weight_is_written_when_its_original_cannot_be_saved(
     assert _weight(host.a) == ORIGINAL_WEIGHT
 
 
-def test_a_restarted_daemon_finds_its_own_weights(host: WeightedHost,
+def test_a_restarted_daemon_finds_its_own_weights(any_host: Host,
                                                   caplog: pytest.LogCaptureFixture) -> None:
+    host = any_host
     _targeted(host)  # then a crash: no shutdown, the weights stay
     host.policy.limit = 0.5
     again = host.controller()
@@ -193,7 +208,8 @@ def test_a_state_file_without_weights_still_loads(host: WeightedHost) -> None:
 
 
 def test_a_foreign_weight_is_counted_rewritten_and_a_fight_left_alone(
-        host: WeightedHost, caplog: pytest.LogCaptureFixture) -> None:
+        any_host: Host, caplog: pytest.LogCaptureFixture) -> None:
+    host = any_host
     a, _ = host.names()
     c = host.controller()
     c.set_target(a, 0.1, "mean", False)
