@@ -389,19 +389,20 @@ class Actuator:
 
     # --- fights --------------------------------------------------------------------------
 
-    def _foreign(self, found_max: np.ndarray, found_weight: np.ndarray, now: float,
+    def _foreign(self, max_foreign: np.ndarray, weight_foreign: np.ndarray, now: float,
                  when: str) -> None:
-        """Count the foreign writes flagged in `found_max` and `found_weight`; stop tracking
-        a file of a container that fights over it (no drift is counted while it lasts)."""
+        """Count the foreign writes flagged in `max_foreign` and `weight_foreign`; stop
+        tracking a file of a container that fights over it (no drift is counted while it
+        lasts)."""
         t = self.table
-        if found_max.any():
-            for i in self.max_fights.count(found_max, now, when, lambda i: (
+        if max_foreign.any():
+            for i in self.max_fights.count(max_foreign, now, when, lambda i: (
                     format_cpu_max(int(t.max_quota_usec[i]), int(t.max_period_usec[i])),
                     format_cpu_max(int(t.last_quota_usec[i]), int(t.last_period_usec[i])))):
                 self.limit[i] = np.nan
                 t.last_period_usec[i] = PERIOD_UNKNOWN
-        if found_weight.any():
-            for i in self.weight_fights.count(found_weight, now, when, lambda i: (
+        if weight_foreign.any():
+            for i in self.weight_fights.count(weight_foreign, now, when, lambda i: (
                     str(t.found_weight[i]), str(t.last_weight[i]))):
                 t.last_weight[i] = WEIGHT_UNKNOWN
 

@@ -259,6 +259,8 @@ class CgroupTable:
             np.equal(a["weight_read_back_status"], _OK, out=known)
             np.logical_and(drifted, known, out=drifted)
             count += int(np.count_nonzero(drifted))
+        else:  # not read: nothing is known to have drifted
+            a["weight_drifted"].fill(False)
         return count
 
     def invalidate(self, mask: np.ndarray | None = None) -> None:
