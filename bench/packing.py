@@ -1,6 +1,9 @@
 """Whether caps that add up to a node's CPUs are delivered to single-threaded workers, on
 the real kernel: the CPU each busy worker gets under its cpu.max, with every cpu.weight
-equal (the default, and what dqoesd leaves) and with cpu.weight in proportion to the cap.
+equal (the default, and what dqoesd leaves without `--weights`) and with cpu.weight in
+proportion to the cap (what dqoesd writes with it, there at 100 per CPU of the cap:
+tests/test_weights.py measures that rule through the actuator; here the weights average
+100).
 
     python3 -m bench.packing [--quick] [--seconds S] [--reps N] [--out DIR]
 

@@ -1,11 +1,11 @@
 /* A table of cgroup v2 directories, opened once and then sampled and limited in one call
  * per operation for all of them.
  *
- * Each entry keeps a descriptor to its cgroup's cpu.stat (read), cpu.max (read/write) and
- * cpu.pressure (read, where the kernel has it); one entry that cannot be opened, vanishes or
- * holds something unexpected never fails the batch: every operation fills a per-entry
- * status instead. The arrays passed to the
- * operations are owned by the caller and have one element per entry.
+ * Each entry keeps a descriptor to its cgroup's cpu.stat (read), cpu.max and cpu.weight
+ * (read/write) and cpu.pressure (read, where the kernel has it); one entry that cannot be
+ * opened, vanishes or holds something unexpected never fails the batch: every operation
+ * fills a per-entry status instead. The arrays passed to the operations are owned by the
+ * caller and have one element per entry.
  */
 #ifndef DQOES_CGTABLE_H
 #define DQOES_CGTABLE_H
@@ -19,6 +19,10 @@
 #define DQ_CG_MALFORMED 2 /* the file's content could not be parsed */
 #define DQ_CG_ERROR     3 /* any other failure; dq_cgtable_errno() tells which */
 #define DQ_CG_SKIPPED   4 /* not read: the caller did not ask for it (pressure only) */
+
+/* The range of cpu.weight. */
+#define DQ_CG_WEIGHT_MIN 1
+#define DQ_CG_WEIGHT_MAX 10000
 
 typedef struct dq_cgtable dq_cgtable;
 
@@ -44,14 +48,23 @@ size_t dq_cgtable_sample(dq_cgtable *t, uint64_t *usage_usec, uint64_t *throttle
  * the entry alone (not written, status unchanged). Before writing over a known last value,
  * reads cpu.max: foreign[i] becomes 1 if it held something else (someone else wrote it; the
  * value is stored in found_quota/found_period[i]), else 0; untouched for entries not
- * written. Returns the number written. */
+ * written.
+ *
+ * cpu.weight likewise, in the same pass, where weight is not NULL: weight[i] (1 to 10000;
+ * 0 leaves the entry's weight alone) is written where it differs from last_weight[i] (0:
+ * unknown), with its own weight_status, weight_foreign and found_weight; its errno is
+ * dq_cgtable_weight_errno's. Returns the number of files written. */
 size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t *period_usec,
                         int64_t *last_quota_usec, int64_t *last_period_usec, int32_t *status,
-                        uint8_t *foreign, int64_t *found_quota_usec, int64_t *found_period_usec);
+                        uint8_t *foreign, int64_t *found_quota_usec, int64_t *found_period_usec,
+                        const int64_t *weight, int64_t *last_weight, int32_t *weight_status,
+                        uint8_t *weight_foreign, int64_t *found_weight);
 
-/* Reads cpu.max of every entry: quota -1 stands for "max". Returns the number of OK entries. */
+/* Reads cpu.max of every entry: quota -1 stands for "max"; and, where weight is not NULL,
+ * cpu.weight into weight with its own weight_status. Returns the number of entries whose
+ * cpu.max is OK. */
 size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_usec,
-                            int32_t *status);
+                            int32_t *status, int64_t *weight, int32_t *weight_status);
 
 /* Reads the total of the "some" line of cpu.pressure of every entry i with want[i] != 0
  * (of every entry when want is NULL): the time, in microseconds, during which at least one
@@ -64,7 +77,9 @@ size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_
 size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec,
                            int32_t *status);
 
-/* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0. */
+/* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0;
+ * dq_cgtable_weight_errno: the same for its cpu.weight. */
 int dq_cgtable_errno(const dq_cgtable *t, size_t i);
+int dq_cgtable_weight_errno(const dq_cgtable *t, size_t i);
 
 #endif

@@ -1,10 +1,10 @@
 """A table of cgroups sampled and limited in one C call per operation (sense and act I/O).
 
-`CgroupTable(dirs)` opens each cgroup's cpu.stat, cpu.max and cpu.pressure once and owns one
-numpy array per quantity, indexed by slot (the position in `dirs`). The per-tick methods
-pass cached pointers to those arrays to C and allocate nothing; callers read the arrays in
-place and fill requests in place (or pass them to `apply`). Membership changes build a new
-table.
+`CgroupTable(dirs)` opens each cgroup's cpu.stat, cpu.max, cpu.weight and cpu.pressure once
+and owns one numpy array per quantity, indexed by slot (the position in `dirs`). The
+per-tick methods pass cached pointers to those arrays to C and allocate nothing; callers
+read the arrays in place and fill requests in place (or pass them to `apply`). Membership
+changes build a new table.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class Status(IntEnum):
     SKIPPED = lib.DQ_CG_SKIPPED  # pressure(): not read, as `pressure_wanted` asked
 
 
+_OK = int(Status.OK)  # numpy compares an array with an IntEnum through an array of its own
+
 MAX_QUOTA = -1
 """A quota below 0 in `apply` (and -1 from `read_back`) stands for cpu.max's "max"."""
 
@@ -45,7 +47,14 @@ LEAVE_ALONE = 0
 DEFAULT_PERIOD_USEC = 100_000
 """The kernel's default cpu.max period."""
 
-FDS_PER_CGROUP = 3
+WEIGHT_MIN, WEIGHT_MAX = lib.DQ_CG_WEIGHT_MIN, lib.DQ_CG_WEIGHT_MAX
+"""The range of cpu.weight; a requested (or last-written) weight of 0 is LEAVE_ALONE
+(WEIGHT_UNKNOWN), as for the period."""
+
+WEIGHT_UNKNOWN = 0
+"""A last-written weight of 0 means "unknown": the next `apply` writes that slot's weight."""
+
+FDS_PER_CGROUP = 4
 FD_MARGIN = 64
 
 _CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
@@ -54,7 +63,7 @@ _CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
 
 def raise_fd_limit(needed: int, *, hard: bool = False) -> int:
     """Makes room for `needed` more descriptors: lifts the soft RLIMIT_NOFILE towards the
-    hard one (the usual soft limit, 1024, holds about 300 cgroups at three descriptors each),
+    hard one (the usual soft limit, 1024, holds about 240 cgroups at four descriptors each),
     and with `hard` the hard one too, as far as this process may. Returns how many more
     descriptors may be opened."""
     in_use = len(os.listdir("/proc/self/fd")) + FD_MARGIN
@@ -104,7 +113,8 @@ class _Array:
 
 
 class CgroupTable:
-    """Open cpu.stat/cpu.max/cpu.pressure descriptors for a fixed list of cgroup directories.
+    """Open cpu.stat/cpu.max/cpu.weight/cpu.pressure descriptors for a fixed list of cgroup
+    directories.
 
     A slot whose operation failed keeps its previous values in that operation's arrays.
     """
@@ -128,6 +138,16 @@ class CgroupTable:
     max_period_usec = _Array(np.int64)
     read_back_status = _Array(np.int32, Status.ERROR)
     drifted = _Array(np.bool_, False)
+    # cpu.weight, in the same apply() and read_back() calls: the request (LEAVE_ALONE: not
+    # touched), the last write, the Status and foreign flag of apply(); as found by
+    # read_back() (and by apply() where foreign), its Status there, and the drifted slots
+    weight = _Array(np.int64, LEAVE_ALONE)
+    last_weight = _Array(np.int64, WEIGHT_UNKNOWN)
+    weight_apply_status = _Array(np.int32, Status.ERROR)
+    weight_foreign = _Array(np.bool_, False)
+    found_weight = _Array(np.int64, WEIGHT_UNKNOWN)
+    weight_read_back_status = _Array(np.int32, Status.ERROR)
+    weight_drifted = _Array(np.bool_, False)
     # pressure(): the request (read this slot?), then the time a task of the cgroup waited
     # for a CPU (cpu.pressure "some") and the Status
     pressure_wanted = _Array(np.bool_, True)
@@ -187,9 +207,12 @@ class CgroupTable:
 
     def apply(self, quota_usec: np.ndarray | int | None = None,
               period_usec: np.ndarray | int | None = None) -> int:
-        """Writes cpu.max where the request differs from the last write; returns the count.
+        """Writes cpu.max where the request differs from the last write, and cpu.weight
+        likewise (the request in `weight`, LEAVE_ALONE at construction); returns the number
+        of files written.
         `foreign` flags the slots written that held someone else's value instead (which is
-        then in `max_quota_usec`, `max_period_usec`).
+        then in `max_quota_usec`, `max_period_usec`), `weight_foreign` likewise (the value
+        in `found_weight`).
 
         The request is `quota_usec`/`period_usec` (arrays or scalars, copied into the
         table's request arrays), or what those arrays already hold when omitted.
@@ -202,38 +225,58 @@ class CgroupTable:
         return lib.dq_cgtable_apply(self._handle(), p["quota_usec"], p["period_usec"],
                                     p["last_quota_usec"], p["last_period_usec"],
                                     p["apply_status"], p["foreign"], p["max_quota_usec"],
-                                    p["max_period_usec"])
+                                    p["max_period_usec"], p["weight"], p["last_weight"],
+                                    p["weight_apply_status"], p["weight_foreign"],
+                                    p["found_weight"])
 
-    def read_back(self) -> int:
-        """Reads every cpu.max; returns how many slots drifted from what was last written.
+    def read_back(self, weights: bool = False) -> int:
+        """Reads every cpu.max (and with `weights` every cpu.weight); returns how many
+        slots drifted from what was last written, counting each file.
 
         A drifted slot (someone else wrote cpu.max, e.g. systemd on daemon-reload) is
-        flagged in `drifted`; `invalidate(table.drifted)` makes the next `apply` rewrite it.
+        flagged in `drifted` (`weight_drifted` for cpu.weight); `invalidate(table.drifted)`
+        (`invalidate_weight`) makes the next `apply` rewrite it.
         """
         p = self._ptr
         lib.dq_cgtable_read_back(self._handle(), p["max_quota_usec"], p["max_period_usec"],
-                                 p["read_back_status"])
+                                 p["read_back_status"],
+                                 p["found_weight"] if weights else ffi.NULL,
+                                 p["weight_read_back_status"] if weights else ffi.NULL)
         a, drifted, known = self._arrays, self._arrays["drifted"], self._scratch
         np.not_equal(a["max_quota_usec"], a["last_quota_usec"], out=drifted)
         np.not_equal(a["max_period_usec"], a["last_period_usec"], out=known)
         np.logical_or(drifted, known, out=drifted)
         np.not_equal(a["last_period_usec"], PERIOD_UNKNOWN, out=known)
         np.logical_and(drifted, known, out=drifted)
-        np.equal(a["read_back_status"], Status.OK, out=known)
+        np.equal(a["read_back_status"], _OK, out=known)
         np.logical_and(drifted, known, out=drifted)
-        return int(np.count_nonzero(drifted))
+        count = int(np.count_nonzero(drifted))
+        if weights:
+            drifted = a["weight_drifted"]
+            np.not_equal(a["found_weight"], a["last_weight"], out=drifted)
+            np.not_equal(a["last_weight"], WEIGHT_UNKNOWN, out=known)
+            np.logical_and(drifted, known, out=drifted)
+            np.equal(a["weight_read_back_status"], _OK, out=known)
+            np.logical_and(drifted, known, out=drifted)
+            count += int(np.count_nonzero(drifted))
+        else:  # not read: nothing is known to have drifted
+            a["weight_drifted"].fill(False)
+        return count
 
     def invalidate(self, mask: np.ndarray | None = None) -> None:
-        """Forgets what was written to the masked slots (all when None), forcing a rewrite."""
-        last_period = self._arrays["last_period_usec"]
-        if mask is None:
-            last_period.fill(PERIOD_UNKNOWN)
-        else:
-            last_period[mask] = PERIOD_UNKNOWN
+        """Forgets what was written to the masked slots' cpu.max (all when None), forcing a
+        rewrite."""
+        _forget(self._arrays["last_period_usec"], mask, PERIOD_UNKNOWN)
 
-    def error(self, slot: int) -> str:
-        """Explains the last non-OK status of `slot`, for logs and error messages."""
-        code = lib.dq_cgtable_errno(self._handle(), slot)
+    def invalidate_weight(self, mask: np.ndarray | None = None) -> None:
+        """Forgets what was written to the masked slots' cpu.weight (all when None)."""
+        _forget(self._arrays["last_weight"], mask, WEIGHT_UNKNOWN)
+
+    def error(self, slot: int, *, weight: bool = False) -> str:
+        """Explains the last non-OK status of `slot` (of its cpu.weight with `weight`), for
+        logs and error messages."""
+        errno_of = lib.dq_cgtable_weight_errno if weight else lib.dq_cgtable_errno
+        code = errno_of(self._handle(), slot)
         if code == 0:
             return "ok"
         if code == errno.EBADMSG:
@@ -257,3 +300,10 @@ class CgroupTable:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _forget(last: np.ndarray, mask: np.ndarray | None, unknown: int) -> None:
+    if mask is None:
+        last.fill(unknown)
+    else:
+        last[mask] = unknown

@@ -20,6 +20,7 @@ class Config:
     policy: str = DEFAULT_POLICY
     params: PolicyParams = field(default_factory=PolicyParams)
     period_usec: int = DEFAULT_PERIOD_USEC  # the cpu.max period of the limits written
+    weights: bool = False  # cpu.weight in proportion to each limit (dqoesd --weights)
     ring_capacity: int = DEFAULT_CAPACITY
     rebind_interval: float = 2.0  # seconds between looks for pending containers
     # Seconds between read-backs of every cpu.max. Outside writers are rare (an operator, a

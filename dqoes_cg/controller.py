@@ -56,7 +56,7 @@ from .labels import Objective
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
 from .snapshot import Counters, build
-from .state import ENGINE_SOURCES, INFERENCE, StateError, StateStore
+from .state import ENGINE_SOURCES, INFERENCE, Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
 from .targets import Binder, ResolveMany, TargetError, Targets
@@ -64,7 +64,7 @@ from .watcher import Seen, Watcher
 
 log = logging.getLogger(__name__)
 
-FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max, cpu.pressure and the ring
+FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max, cpu.weight, cpu.pressure, the ring
 FD_RESERVE = 512
 """Descriptors kept for all but the targets: the control socket's clients (at most 288),
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
@@ -171,8 +171,9 @@ class Controller:
         rings = RingSet([self.ring(t.name) for t in bound], self.cfg.ring_capacity,
                         adopt=old_fleet.rings if old_fleet else None)
         self.actuator = Actuator(
-            table, [t.name for t in bound], [t.original_max for t in bound], self.cpus,
-            self.targets, period_usec=self.cfg.period_usec,
+            table, [t.name for t in bound],
+            [Originals(t.original_max, t.original_weight) for t in bound], self.cpus,
+            self.targets, weights=self.cfg.weights, period_usec=self.cfg.period_usec,
             reconcile_interval=self.cfg.reconcile_interval, limiter=self.limiter,
             mount=self.mount, previous=old_actuator, acting=self.acting)
         if not self.acting:  # a limit of ours still in force from an earlier run: given back

@@ -87,7 +87,8 @@ def format_status(status: Status) -> str:
                      "CPUs; dqoesctl act to act)")
     if h.contested:
         lines.append(f"! {h.contested} contested: another writer keeps changing their "
-                     "cpu.max, which is left to it for a while (see the daemon's log)")
+                     "cpu.max or cpu.weight, which is left to it for a while (see the "
+                     "daemon's log)")
     return "\n".join(lines)
 
 

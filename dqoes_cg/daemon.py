@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="initial interval of the adaptive listener (IV_initial), seconds")
     p.add_argument("--max-interval", type=float, default=pp.iv_max,
                    help="ceiling of the listener's interval, seconds")
+    p.add_argument("--weights", action="store_true",
+                   help="set each container's cpu.weight in proportion to its limit, so that "
+                        "caps adding up to the CPUs are delivered (default: cpu.weight left "
+                        "alone)")
     p.add_argument("--ring-capacity", type=int, default=d.ring_capacity,
                    help="slots per ring (power of two)")
     p.add_argument("--engine-socket", type=Path, default=DOCKER_SOCKET,
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
         mount=args.cgroup_mount, cpus=args.cpus, policy=args.policy, params=params,
-        ring_capacity=args.ring_capacity, recommend=args.recommend)
+        ring_capacity=args.ring_capacity, recommend=args.recommend, weights=args.weights)
     notifier = Notifier()
     watchdog = notifier.watchdog_interval()
     if watchdog is not None and watchdog < cfg.sample_interval:

@@ -8,9 +8,10 @@ snapshot) in the format the scraper's Accept header asks for: OpenMetrics, or th
 format version 0.0.4:
 
     per container  target, measured latency, class, CPU limit and usage, throttling, samples,
-                   foreign writes of its cpu.max, whether it is contested; for a training
-                   job, its list (as its class), evaluation value and growth efficiency;
-                   recommending only, the limit it would set and the class expected
+                   foreign writes of its cpu.max and cpu.weight, whether it is contested;
+                   for a training job, its list (as its class), evaluation value and growth
+                   efficiency; recommending only, the limit it would set and the class
+                   expected
     per host       containers per class, ticks, decisions, reconcile corrections, ring faults
                    and lost records, systemd updates, the CPU budget, the listener's interval,
                    whether it acts
@@ -126,9 +127,10 @@ def families(status: Status) -> list[Metric]:
     samples = _per_container("window_samples", "Latency records in the last decision window")
     foreign = CounterMetricFamily(
         "dqoes_container_foreign_writes",
-        "cpu.max values written by someone else in place of the daemon's", labels=["container"])
-    contested = _per_container("contested",
-                               "1 while the container's cpu.max is left to another writer")
+        "cpu.max and cpu.weight values written by someone else in place of the daemon's",
+        labels=["container"])
+    contested = _per_container("contested", "1 while the container's cpu.max or cpu.weight "
+                               "is left to another writer")
     evaluation = _per_container("evaluation",
                                 "A training job's latest evaluation value (its loss, accuracy...)")
     growth = _per_container(

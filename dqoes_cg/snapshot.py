@@ -38,6 +38,7 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
     the actuator only recommends, with the limit it would set and the class expected under
     it (`alpha`: the policy's tolerance band)."""
     t = fleet.table
+    foreign_writes, contested = actuator.foreign_writes, actuator.contested  # both files'
     containers = []
     for target in targets:
         i = fleet.slot.get(target.name)
@@ -59,7 +60,7 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
             target.metric, measured, None if training else score,
             None if quota < 0 or period <= 0 else quota / period, usage, throttled,
             int(fleet.samples[i]), target.cgroup, rings[target.name], target.source,
-            int(actuator.foreign_writes[i]), bool(actuator.contested[i]), kind=target.kind,
+            int(foreign_writes[i]), bool(contested[i]), kind=target.kind,
             evaluation=_finite(fleet.evaluation[i]) if training else None,
             growth_efficiency=score if training else None, recommended_limit_cores=would,
             expected_class=None if training else expected_class(
@@ -77,8 +78,8 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
         ring_faults=int(r.faults.sum()) if n else 0,
         ring_lost=int(r.lost_overrun.sum() + r.torn.sum() + r.invalid.sum()) if n else 0,
         totals=dict(counters.totals),
-        foreign_writes=int(actuator.foreign_writes.sum()) if n else 0,
-        contested=int(actuator.contested.sum()) if n else 0,
+        foreign_writes=int(foreign_writes.sum()) if n else 0,
+        contested=int(contested.sum()) if n else 0,
         systemd_sent=systemd[0], systemd_failed=systemd[1], acting=actuator.acting)
     return Status(host, containers)
 

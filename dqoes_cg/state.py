@@ -31,12 +31,13 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # version 1: no log, no source, no cgroup identity; 2: no kind
+STATE_VERSION = 4
+# version 1: no log, no source, no cgroup identity; 2: no kind; 3: no original_weight
+READABLE_VERSIONS = (1, 2, 3, 4)
 METRICS = ("mean", "p50", "p90", "p95", "p99")
 INFERENCE, TRAINING = KINDS = ("inference", "training")
 SOURCES = ("cli", "label", "service")
@@ -65,6 +66,15 @@ class Target:
     # an inference service (a latency target, the daemon's --policy) or a training job (no
     # target: FlowCon, by the progress it reports)
     kind: str = INFERENCE
+    original_weight: int | None = None  # cpu.weight before our first write; None: never written
+
+
+class Originals(NamedTuple):
+    """What a cgroup held before the daemon's first write to each file; None: not known
+    (never written, or not what is being recorded)."""
+
+    cpu_max: str | None
+    weight: int | None
 
 
 _TARGET_FIELDS = frozenset(f.name for f in fields(Target))
@@ -119,6 +129,9 @@ def _target(item: Any) -> Target:
         raise ValueError(f"unknown source {t.source!r}")
     if t.ring is not None and not (isinstance(t.ring, str) and t.ring.startswith("/")):
         raise ValueError(f"not a ring path: {t.ring!r:.80}")
+    if t.original_weight is not None and not (
+            type(t.original_weight) is int and 1 <= t.original_weight <= 10_000):
+        raise ValueError(f"not a cpu.weight: {t.original_weight!r:.80}")
     return t
 
 

@@ -31,7 +31,7 @@ class ContainerStatus:
     cgroup: str | None
     ring: str
     source: str = "cli"  # who set the target: dqoesctl (cli) or the container's labels
-    foreign_writes: int = 0  # cpu.max values of someone else's found in place of ours
+    foreign_writes: int = 0  # values of someone else's (cpu.max, cpu.weight) in place of ours
     contested: bool = False  # left to another writer for a while (see actuator.py)
     reason: str | None = None  # why it is pending
     kind: str = INFERENCE  # inference (a latency target) or training (FlowCon)

@@ -22,6 +22,7 @@ from pathlib import Path
 from .cgroup import CgroupError, InvalidName, Resolved, require_cpu_controller
 from .state import (
     INFERENCE,
+    Originals,
     StateError,
     StateStore,
     Target,
@@ -155,8 +156,8 @@ class Targets:
 
     def release(self, names: list[str], why: str) -> None:
         """These targets' cgroups are gone: pending again, with no original to give back."""
-        released = [replace(self._targets[n], cgroup=None, cgroup_id=None, original_max=None)
-                    for n in names]
+        released = [replace(self._targets[n], cgroup=None, cgroup_id=None, original_max=None,
+                            original_weight=None) for n in names]
         for t in released:
             log.info("%s: %s; pending until its container is back", t.name, why)
         self._save(*released)
@@ -180,16 +181,20 @@ class Targets:
 
     # --- original limits ---------------------------------------------------------------
 
-    def record_originals(self, originals: dict[str, str]) -> None:
-        """Save the cpu.max each cgroup had before our first write to it (StateError: not
-        saved, and then it must not be written)."""
-        self._save(*(replace(self._targets[n], original_max=m)
-                     for n, m in originals.items()), membership=False)
+    def record_originals(self, originals: dict[str, Originals]) -> None:
+        """Save the cpu.max and cpu.weight each cgroup had before our first write to it
+        (those not None: the others stay as saved; StateError: not saved, and then they must
+        not be written)."""
+        self._save(*(replace(t, original_max=o.cpu_max or t.original_max,
+                             original_weight=o.weight or t.original_weight)
+                     for t, o in ((self._targets[n], o) for n, o in originals.items())),
+                   membership=False)
 
     def forget_originals(self, names: list[str]) -> None:
         """The originals of these targets were given back."""
-        changed = [replace(self._targets[n], original_max=None) for n in names
-                   if self._targets[n].original_max is not None]
+        changed = [replace(self._targets[n], original_max=None, original_weight=None)
+                   for n in names if self._targets[n].original_max is not None
+                   or self._targets[n].original_weight is not None]
         if changed:
             self._save(*changed, membership=False)
 

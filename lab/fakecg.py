@@ -10,6 +10,7 @@ CPU_STAT = (
     "nr_periods 10\nnr_throttled 2\nthrottled_usec 300\nnr_bursts 0\nburst_usec 0\n"
 )
 CPU_MAX = "max 100000\n"
+CPU_WEIGHT = "100\n"
 CPU_PRESSURE = ("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
                 "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
 CONTROLLERS = "cpuset cpu io memory pids"
@@ -33,7 +34,7 @@ MOUNTINFO_V1 = (
 
 def make_cgroup(mount: Path, rel: str = "", *, cpu_stat: str | bytes = CPU_STAT,
                 cpu_max: str | bytes = CPU_MAX, cpu_pressure: str | bytes = CPU_PRESSURE,
-                subtree_control: str = "cpu") -> Path:
+                cpu_weight: str | bytes = CPU_WEIGHT, subtree_control: str = "cpu") -> Path:
     """Creates (or rewrites) the cgroup `rel` under `mount` with the usual files; its
     ancestors become cgroups too, with `subtree_control` enabled where they have none."""
     path = mount / rel
@@ -48,6 +49,7 @@ def make_cgroup(mount: Path, rel: str = "", *, cpu_stat: str | bytes = CPU_STAT,
     write(path / "cpu.stat", cpu_stat)
     write(path / "cpu.max", cpu_max)
     write(path / "cpu.pressure", cpu_pressure)
+    write(path / "cpu.weight", cpu_weight)
     return path
 
 

@@ -136,3 +136,19 @@ def test_a_full_disk_fails_cleanly_and_loses_nothing_acknowledged(small_fs: Path
     assert sorted(StateStore(state).load()) == sorted(acknowledged)
     assert not [p for p in state.iterdir() if p.name.startswith(".state")]  # no leftovers
     filler.unlink()
+
+
+def test_original_weights_are_kept(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.load()
+    store.put(_t("a", cgroup="/sys/fs/cgroup/x", original_max="max 100000", original_weight=300))
+    store.close()
+    assert StateStore(tmp_path).load()["a"].original_weight == 300
+
+
+@pytest.mark.parametrize("bad", [0, 10_001, "100", 1.5, True])
+def test_a_weight_out_of_cpu_weight_s_range_is_refused(tmp_path: Path, bad: object) -> None:
+    (tmp_path / "state.json").write_text(json.dumps({"version": 4, "targets": [
+        {"name": "a", "target_s": 0.1, "metric": "p95", "original_weight": bad}]}))
+    assert StateStore(tmp_path).load() == {}
+    assert list(tmp_path.glob("state.json.corrupt-*"))

@@ -46,6 +46,7 @@ class FakeBus:
 
     def __init__(self, fail_units: tuple[str, ...] = ()) -> None:
         self.calls: list[tuple[str, int, int]] = []
+        self.properties: list[dict[str, tuple[str, int]]] = []
         self.gate = threading.Event()
         self.gate.set()
         self.fail_units = fail_units
@@ -56,6 +57,7 @@ class FakeBus:
         unit, runtime, props = message.body
         assert runtime is True
         values = dict(props)
+        self.properties.append(values)
         self.calls.append((unit, values["CPUQuotaPerSecUSec"][1],
                            values["CPUQuotaPeriodUSec"][1]))
         if unit in self.fail_units:
@@ -143,9 +145,13 @@ def _cpu_max(cgroup: Path) -> str:
 class RecordingLimiter:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int]] = []
+        self.weights: list[tuple[str, int]] = []
 
     def set_quota(self, unit: str, quota_usec: int, period_usec: int) -> None:
         self.calls.append((unit, quota_usec, period_usec))
+
+    def set_weight(self, unit: str, weight: int) -> None:
+        self.weights.append((unit, weight))
 
 
 def test_the_controller_hands_over_changed_unit_limits_only(tmp_path: Path) -> None:
@@ -160,22 +166,49 @@ def test_the_controller_hands_over_changed_unit_limits_only(tmp_path: Path) -> N
     for name in ("system.slice/infer.service", "docker/" + "a" * 64):
         controller.set_target(name, 0.1, "mean", False)
 
-    controller.tick(time.monotonic())  # 0.25 of 2 CPUs: 50 ms per 100 ms
+    controller.tick(time.monotonic())  # 0.25 of 2 CPUs: 50 ms per 100 ms, weight 50
     assert _cpu_max(unit) == "50000 100000"
     assert _cpu_max(plain) == "50000 100000"
     assert limiter.calls == [("infer.service", 50_000, 100_000)]
+    assert limiter.weights == [("infer.service", 50)]
 
     controller.tick(time.monotonic())  # same limit: nothing to tell
     policy.limits[:] = 0.3
     controller.tick(time.monotonic())
     assert limiter.calls[1:] == [("infer.service", 60_000, 100_000)]
+    assert limiter.weights[1:] == [("infer.service", 60)]
 
-    # systemd put its own value back (daemon-reload): written again, and told again.
+    # systemd put its own values back (daemon-reload): written again, and told again.
     write(unit / "cpu.max", "max 100000")
+    write(unit / "cpu.weight", "100\n")
     controller.tick(time.monotonic())
     assert _cpu_max(unit) == "60000 100000"
+    assert _first_line(unit / "cpu.weight") == "60"
     assert limiter.calls[2:] == [("infer.service", 60_000, 100_000)]
+    assert limiter.weights[2:] == [("infer.service", 60)]
 
     controller.shutdown()
     assert _cpu_max(unit) == "max 100000"
     assert limiter.calls[3:] == [("infer.service", -1, 100_000)]
+    assert limiter.weights[3:] == [("infer.service", 100)]
+
+
+def _first_line(path: Path) -> str:
+    return path.read_text().split("\n")[0]
+
+
+def test_a_unit_s_limit_and_weight_go_out_in_one_call() -> None:
+    bus = FakeBus()
+    limiter = UnitLimiter(lambda: bus)
+    bus.gate.clear()  # both requests are pending when the thread takes them
+    limiter.set_quota("busy.scope", 10_000, 100_000)
+    time.sleep(0.1)
+    limiter.set_quota("a.scope", 20_000, 100_000)
+    limiter.set_weight("a.scope", 40)
+    bus.gate.set()
+    assert limiter.flush(10)
+    limiter.close()
+    assert bus.calls[1:] == [("a.scope", 200_000, 100_000)]
+    assert bus.properties[-1] == {"CPUQuotaPerSecUSec": ("t", 200_000),
+                                  "CPUQuotaPeriodUSec": ("t", 100_000),
+                                  "CPUWeight": ("t", 40)}

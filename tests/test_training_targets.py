@@ -18,7 +18,7 @@ from dqoes_cg.labels import TRAINING_JOB, Objective, effective, objective
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import make_policy
 from dqoes_cg.probe import Probe
-from dqoes_cg.state import INFERENCE, TRAINING, StateStore, Target, check_target
+from dqoes_cg.state import INFERENCE, STATE_VERSION, TRAINING, StateStore, Target, check_target
 from dqoes_cg.status import Status
 from dqoes_cg.targets import TargetError
 from lab.fakecg import CPU_STAT, write
@@ -38,7 +38,7 @@ def test_a_training_job_round_trips_through_the_state(tmp_path: Path) -> None:
     assert StateStore(tmp_path).load() == {"train": job, "web": web}  # from the log
     store.compact({"train": job, "web": web})
     doc = json.loads((tmp_path / "state.json").read_text())
-    assert doc["version"] == 3
+    assert doc["version"] == STATE_VERSION
     assert StateStore(tmp_path).load()["train"].kind == TRAINING  # from the snapshot
 
 
