@@ -279,16 +279,21 @@ class Actuator:
         write."""
         self._resume_expired(now)
         moved_into(self._moved, limits, self.limit, DEAD_BAND, self._delta, self._unsaved)
-        mask = self._request(limits, self._moved)
+        # What is to be in force: the new limit where it moved, else the one in force (the
+        # table writes only what differs from its last write: a weight not yet ours, say).
+        wanted = self._delta
+        np.copyto(wanted, self.limit)
+        np.putmask(wanted, self._moved, limits)
+        mask = self._request(wanted, None)
         if not self.acting:
-            np.putmask(self.limit, mask, limits)
+            np.putmask(self.limit, mask, wanted)
             return
         if not self._journal_first_writes():
             return
         self._write(now)
         np.equal(self.table.apply_status, OK, out=self._first)
         np.logical_and(mask, self._first, out=mask)
-        np.putmask(self.limit, mask, limits)
+        np.putmask(self.limit, mask, wanted)
 
     def _request(self, limits: np.ndarray, only: np.ndarray | None) -> np.ndarray:
         """Fill the table's request with the quotas (and weights) of `limits` where they are

@@ -67,6 +67,8 @@ def _cpu_max(cgroup: Path) -> str:
 class Host:
     """A fake cgroup tree with two containers, and controllers over one state directory."""
 
+    weights = False  # dqoesd --weights
+
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.mount = tmp / "cgroup"
@@ -86,7 +88,7 @@ class Host:
                    ) -> Controller:
         cfg = Config(mount=self.mount, state_dir=self.tmp / "state", run_dir=self.tmp / "run",
                      cpus=2, reconcile_interval=0.0,  # read back at every tick
-                     recommend=recommend)
+                     recommend=recommend, weights=self.weights)
         return Controller(cfg, policy=policy or self.policy, threaded_binder=False)
 
     def state(self) -> dict[str, dict]:

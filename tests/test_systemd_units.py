@@ -161,7 +161,8 @@ def test_the_controller_hands_over_changed_unit_limits_only(tmp_path: Path) -> N
     policy, limiter = FixedPolicy(), RecordingLimiter()
     controller = Controller(Config(mount=mount, state_dir=tmp_path / "state",
                                    run_dir=tmp_path / "run", cpus=2,
-                                   reconcile_interval=0.0),  # read back at every tick
+                                   reconcile_interval=0.0,  # read back at every tick
+                                   weights=True),
                             policy=policy, limiter=limiter)  # type: ignore[arg-type]
     for name in ("system.slice/infer.service", "docker/" + "a" * 64):
         controller.set_target(name, 0.1, "mean", False)

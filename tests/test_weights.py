@@ -36,6 +36,8 @@ def _weight(cgroup: Path) -> str:
 class WeightedHost(Host):
     """test_controller's two containers, `a` with a cpu.weight of its own."""
 
+    weights = True
+
     def __init__(self, tmp: Path) -> None:
         super().__init__(tmp)
         write(self.a / "cpu.weight", ORIGINAL_WEIGHT + "\n")
@@ -54,6 +56,7 @@ def any_host(request: pytest.FixtureRequest, tmp_path: Path) -> Host:
         return WeightedHost(tmp_path)
     host = KernelHost(tmp_path, request.getfixturevalue("cgroup2_mount"),
                       request.getfixturevalue("cgroup_root"))
+    host.weights = True
     (host.a / "cpu.weight").write_text(ORIGINAL_WEIGHT)
     return host
 
