@@ -217,6 +217,7 @@ ARRIVALS_KEPT = 0.8  # each window's request count counts this much less the nex
 ARRIVALS_Z = 2.0  # a base's arrival rate: this many standard errors above the count
 THREADS_TOL = 0.10  # a worker at its threads' limit: in flight = CPUs used (a whole number)
 NODE_MIN = 3  # the node's speed is followed from this many containers' work on
+STEADY = 0.10  # ... of those whose usage held within 10% (in logs) of the last window's
 QUEUE_PRIOR = 1.0  # K of an open-loop service before it is measured (M/M/1's)
 QUEUE_RANGE = (0.25, 8.0)  # the values of K believed
 QUEUE_GAIN = 0.2  # the least smoothing gain of log K (the gain of log work if more)
@@ -242,6 +243,7 @@ class Memory:
     backlog: BoolArray  # its queue grew at its cap in its last window
     looked_closed: FloatArray  # windows in a row that looked back-to-back
     in_flight: FloatArray  # its mean number of requests in flight in its last window
+    usage: FloatArray  # its usage in its last window
     log_queue: FloatArray  # log K_i, its queueing factor (open loop); NaN: not measured
 
     @classmethod
@@ -249,7 +251,7 @@ class Memory:
         return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n),
                    np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, bool),
                    np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool), np.zeros(n),
-                   np.full(n, np.nan), np.full(n, np.nan))
+                   np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
 
     def carried(self, n: int, carried: IndexArray | None) -> Memory:
         """The memory of n new slots: slot i takes what old slot carried[i] had (-1: new)."""
@@ -376,10 +378,18 @@ def learn_into(obs: Observation, span: float, valid: BoolArray, mem: Memory,
 
     # The node's speed: the median deviation of the containers followed moves all of them
     # (a slower CPU makes every request cost more at once); each keeps its own scatter.
+    # Only those whose usage held within STEADY of the last window's count: a request
+    # costs more at a small share than at a large one (caches, the kernel's periods), so
+    # containers whose CPU was taken for another's would read as a slower node.
     np.subtract(x, mem.log_work, out=d)
     np.subtract(d, node.log_speed, out=d)
-    np.logical_not(fresh, out=s.mask)
+    np.divide(usage, mem.usage, out=s.y)
+    np.log(s.y, out=s.y)
+    np.abs(s.y, out=s.y)
+    np.less_equal(s.y, STEADY, out=s.mask)  # NaN (no last window) compares false
+    np.logical_and(s.mask, np.logical_not(fresh, out=s.jump), out=s.mask)
     np.logical_and(s.mask, est, out=s.mask)
+    np.putmask(mem.usage, est, usage)
     if np.count_nonzero(s.mask) >= NODE_MIN:
         delta = median_into(d, s.mask, s)
         node.log_speed += delta
