@@ -66,9 +66,11 @@ class Service:
 
 SERVICES = (
     Service("photo-tagger", 1.5, "loose: can give CPU away"),
-    Service("search-api", 1.5, "open loop: requests arrive on their own (0.15 CPU of them)",
+    # Uncapped, a service's rare requests each get a whole CPU; under any cap of a few
+    # tenths each one is served slower, so its target allows for that.
+    Service("search-api", 3.0, "open loop: requests arrive on their own (0.15 CPU of them)",
             load_cpu=0.15),
-    Service("face-unlock", 0.8, "tight: needs more than an even share"),
+    Service("face-unlock", 0.9, "tight: needs more than an even share"),
     Service("ar-overlay", 0.4, "unachievable: needs more than a whole CPU"),
 )
 OPEN = np.array([s.load_cpu is not None for s in SERVICES])
