@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.experiments.sim import md1_latency
 from dqoes_cg.actuator import DEAD_BAND, moved_into
 from dqoes_cg.policy import Admit, Observation
 
@@ -37,14 +38,6 @@ DRIFT, DRIFT_WINDOWS = 0.09, 5.0
 WRITE_US = {1_000: 20.8, 10_000: 311.0}  # one cpu.max write in the guest (bench/hierarchy.py)
 
 
-def md1(work: np.ndarray, rate: np.ndarray, cap: np.ndarray) -> np.ndarray:
-    """Mean latency of M/D/1 services at caps (inf where they cannot keep up)."""
-    x = work / cap
-    rho = rate * x
-    return np.where(rho < 1.0, x * (1.0 + rho / (2.0 * np.maximum(1.0 - rho, 1e-12))),
-                    np.inf)
-
-
 def run(n: int, band: float, windows: int, drift: float, seed: int = 0) -> dict[str, float]:
     """Writes per decision and mean |S| over the windows after the first third, the node's
     speed drifting by `drift` (log spread)."""
@@ -54,7 +47,7 @@ def run(n: int, band: float, windows: int, drift: float, seed: int = 0) -> dict[
     work = rng.uniform(0.02, 0.2, n) / cpus  # share-seconds a request (of T_R = all CPUs)
     even = 1.0 / n
     rate = np.where(open_loop, rng.uniform(0.2, 0.6, n) * even / work, np.nan)
-    at_even = np.where(open_loop, md1(work, np.nan_to_num(rate), np.full(n, 2 * even)),
+    at_even = np.where(open_loop, md1_latency(work / (2 * even), np.nan_to_num(rate)),
                        work / even)
     target = at_even * rng.uniform(0.5, 1.6, n)
     fast = target * (1 - ALPHA)
@@ -68,7 +61,7 @@ def run(n: int, band: float, windows: int, drift: float, seed: int = 0) -> dict[
         log_speed = keep * log_speed + drift * math.sqrt(1 - keep * keep) * rng.normal()
         cap = np.where(np.isnan(limit), even, limit)
         w = work * math.exp(log_speed)
-        latency = np.where(open_loop, md1(w, np.nan_to_num(rate), cap), w / cap)
+        latency = np.where(open_loop, md1_latency(w / cap, np.nan_to_num(rate)), w / cap)
         usage = np.where(open_loop, np.minimum(np.nan_to_num(rate) * w, cap), cap)
         seen = latency * rng.lognormal(0.0, NOISE, n)
         count = np.where(open_loop, rate, usage / w)
@@ -95,7 +88,7 @@ def _share_at(work: np.ndarray, rate: np.ndarray, latency: np.ndarray) -> np.nda
     hi = np.full_like(work, 1.0)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        slow = md1(work, np.nan_to_num(rate), mid) > latency
+        slow = md1_latency(work / mid, np.nan_to_num(rate)) > latency
         lo, hi = np.where(slow, mid, lo), np.where(slow, hi, mid)
     return hi
 

@@ -256,16 +256,8 @@ def run(fleet: Fleet, duration: float, redraw: bool
     return history, targets, even
 
 
-def classes_of(targets: np.ndarray, latency: np.ndarray) -> np.ndarray:
-    """Each worker's class, as dqoesd classifies it: an open-loop service faster than its
-    band is satisfied (README, "What satisfied means")."""
-    classes = classify(targets, latency)
-    classes[OPEN & (classes == Cls.G)] = Cls.S
-    return classes
-
-
 def _satisfied(targets: np.ndarray, latency: np.ndarray) -> int:
-    return int((classes_of(targets, latency) == Cls.S).sum())
+    return int((classify(targets, latency, open_loop=OPEN) == Cls.S).sum())
 
 
 def summarize(h: History, targets: np.ndarray, even: np.ndarray, final: dict[str, Any],
@@ -277,7 +269,7 @@ def summarize(h: History, targets: np.ndarray, even: np.ndarray, final: dict[str
     tail = managed & (t >= t[-1] - max(20.0, 0.2 * (t[-1] - h.targets_at)))
     settled = np.nanmedian(np.array(h.latency)[tail], axis=0) if tail.any() \
         else np.full(len(SERVICES), np.nan)
-    classes = classes_of(targets, settled)
+    classes = classify(targets, settled, open_loop=OPEN)
     final_s = int((classes == Cls.S).sum())
     default_s = _satisfied(targets, even)
     satisfied = np.array(h.satisfied)

@@ -83,7 +83,7 @@ class Curve:
         return self.solo_s / cores * self.factor(cores)
 
 
-def md1_latency(service_s: np.ndarray, rate: float) -> np.ndarray:
+def md1_latency(service_s: np.ndarray, rate: float | np.ndarray) -> np.ndarray:
     """Mean latency (s) of an M/D/1 queue: Poisson arrivals at `rate` per second, each served
     in `service_s`; infinite when the server is busy all the time (rate x service >= 1)."""
     busy = rate * np.asarray(service_s)

@@ -62,12 +62,10 @@ class Run:
         but an open-loop service faster than its band counts in S: its users wait no more
         than its target allows, and the CPU it holds beyond its need is charged by the
         comparison with the oracle, which counts it at its least share (analysis.counted)."""
-        cls = np.array([classify(target, latency, alpha)
-                        for target, latency in zip(self.targets, self.latency_s, strict=True)],
-                       np.int8).reshape(self.latency_s.shape)
-        is_open = np.array([c.open_loop for c in self.containers], bool)
-        cls[(cls == Cls.G) & is_open] = Cls.S
-        return cls
+        is_open = [c.open_loop for c in self.containers]
+        return np.array([classify(target, latency, alpha, is_open)
+                         for target, latency in zip(self.targets, self.latency_s, strict=True)],
+                        np.int8).reshape(self.latency_s.shape)
 
     def satisfied(self, alpha: float = 0.10, node: int | None = None) -> np.ndarray:
         """(T,) how many containers are in S (on one node, or all)."""

@@ -206,11 +206,17 @@ def algorithm1(
     return limits, classes, totals
 
 
-def classify(target: npt.ArrayLike, measured: npt.ArrayLike, alpha: float = ALPHA) -> Int8Array:
-    """Each container's class (Cls codes) at these latencies, as Algorithm 1 sees them: for
-    reports and experiments, which have latencies but no limits to move."""
+def classify(target: npt.ArrayLike, measured: npt.ArrayLike, alpha: float = ALPHA,
+             open_loop: npt.ArrayLike | None = None) -> Int8Array:
+    """Each container's class (Cls codes) at these latencies, as Algorithm 1 sees them, and
+    as dqoesd's admit classes a service whose requests arrive on their own (`open_loop`):
+    faster than its band, satisfied (README, "What satisfied means"). For reports and
+    experiments, which have latencies but no limits to move."""
     zeros = np.zeros(np.shape(target))
-    return algorithm1(target, measured, zeros, zeros, alpha=alpha)[1]
+    classes = algorithm1(target, measured, zeros, zeros, alpha=alpha)[1]
+    if open_loop is not None:
+        classes[np.asarray(open_loop, bool) & (classes == Cls.G)] = Cls.S
+    return classes
 
 
 def first_limits_into(obs: Observation, ws: Workspace) -> FloatArray:
