@@ -36,9 +36,8 @@ IV_INITIAL_S = 10.0  # the paper's initial listener interval
 IV_MAX_S = 20.0
 # The most of its cap an open-loop service (requests arriving at their own pace, queueing) is
 # held at: past it, its mean latency rises as 1/(1 - rho), so a few percent more work or a
-# burst of arrivals would take it far out of its band (the knee of its queueing curve). A
-# service held there, faster than its target, holds no CPU it could safely give back: it
-# counts as satisfied (the evaluation's oracle counts it the same way).
+# burst of arrivals would take it far out of its band (the knee of its queueing curve). The
+# evaluation's oracle counts a service in S at no less than the share that keeps it there.
 RHO_MAX = 0.75
 
 
