@@ -20,6 +20,7 @@ from lab.swarm import BUSYBOX, BUSYBOX_IMAGE, THREE_NODES, Swarm
 _route_key = pytest.StashKey[Route | None]()
 _systemd_route_key = pytest.StashKey[Route | None]()
 _swarm_route_key = pytest.StashKey[Route | None]()
+GUEST_MARKERS = ("guest_systemd", "guest_swarm")  # each its own guest; else "kernel"'s
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,6 +49,23 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
             where = {"host": "on this host", "guest": guest, "skip": "skipped"}[route.where]
             lines.append(f"{what}: {where} ({route.reason})")
     return lines
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How long the tests that ran in a guest took there, per guest, and the slowest: the
+    guests run beside the host's tests, so the session lasts as long as its longest guest."""
+    timed = [(dict(r.user_properties)["guest_duration"], r.nodeid,
+              next((m for m in GUEST_MARKERS if m in r.keywords), "kernel"))
+             for reports in terminalreporter.stats.values() for r in reports
+             if getattr(r, "when", None) == "call"
+             and "guest_duration" in dict(getattr(r, "user_properties", ()))]
+    if not timed:
+        return
+    totals = {g: sum(t for t, _, guest in timed if guest == g) for g in {g for *_, g in timed}}
+    terminalreporter.write_sep("-", "time in the guests: " + ", ".join(
+        f"{guest} {seconds / 60:.1f} min" for guest, seconds in sorted(totals.items())))
+    for seconds, nodeid, _ in sorted(timed, reverse=True)[:12]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")
 
 
 @pytest.fixture(scope="session")
