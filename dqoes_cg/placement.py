@@ -21,7 +21,8 @@ Moves
 -----
 A task is *stuck* when its daemon classes it out of S and its node does not admit it: the
 node has nothing left to give it without taking from others. A task stuck for `settle_s`
-moves (its service's tasks on that node, through Swarm) to the node where it gains the
+(out of it for less than half of that at a time: a window of few requests flips a class
+for a tick) moves (its service's tasks on that node, through Swarm) to the node where it gains the
 most: one that has room for it without displacing any task it admits now, keeps `margin` of
 the mover's need to spare, and has the most room left. The move must raise the number
 admitted on the two nodes together. Cheapest needs move first (each counts one).
@@ -228,6 +229,7 @@ class Placement:
         self.params = params or PlacementParams()
         self._log_need: dict[str, float] = {}  # task id: smoothed log need
         self._stuck_since: dict[str, float] = {}  # task id
+        self._free_since: dict[str, float] = {}  # task id: out of stuck since, for a while
         self._roomy_since: dict[str, float] = {}  # paused node name
         self._toggled: dict[str, float] = {}  # node name: when placement last paused or
         #                                       resumed it
@@ -286,8 +288,9 @@ class Placement:
             self._log_need[task.id] = x if last is None else last + g * (x - last)
         for gone in self._log_need.keys() - seen:
             del self._log_need[gone]
-        for gone in self._stuck_since.keys() - seen:
-            del self._stuck_since[gone]
+        for since in (self._stuck_since, self._free_since):
+            for gone in since.keys() - seen:
+                del since[gone]
 
     def _need(self, task: TaskView) -> float | None:
         x = self._log_need.get(task.id)
@@ -330,9 +333,15 @@ class Placement:
             if (node is not None and node.ready and task.cls in ("B", "G")
                     and self._need(task) is not None and task.id not in admits[task.node]):
                 self._stuck_since.setdefault(task.id, view.now)
+                self._free_since.pop(task.id, None)
                 stuck.append(task)
-            else:
-                self._stuck_since.pop(task.id, None)
+            elif task.id in self._stuck_since:
+                # A window of a few requests can put a task in S, or its need under what
+                # its node could hold, for a tick: its clock restarts only once it has been
+                # out of it for half the settle time.
+                free = self._free_since.setdefault(task.id, view.now)
+                if view.now - free >= self.params.settle_s / 2:
+                    del self._stuck_since[task.id], self._free_since[task.id]
         return stuck
 
     def _destination(self, task: TaskView, view: ClusterView, nodes: dict[str, NodeView],
@@ -382,6 +391,11 @@ class Placement:
             if done or view.now - flight.since > self.params.move_timeout_s:
                 plan.settled.append(name)
                 del self._flights[name]
+
+    @property
+    def stuck_since(self) -> dict[str, float]:
+        """Since when each stuck task (by ID) has been stuck: a copy."""
+        return dict(self._stuck_since)
 
     @property
     def in_flight(self) -> list[Move]:

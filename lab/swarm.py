@@ -97,6 +97,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
   path = "{node.data_root}/containerd/opt"
 """
 SERVICE_LABEL = "com.docker.swarm.service.name"  # on every task's container
+IFF_UP = 0x1  # a link's flag: administratively up
 START_TIMEOUT = 600.0  # an engine's start, a join, a service's convergence: minutes on TCG
 
 
@@ -346,6 +347,10 @@ class Node:
     def restore_link(self) -> None:
         _set_link(self.link, "up")
 
+    @property
+    def link_up(self) -> bool:
+        return bool(int(Path(f"/sys/class/net/{self.link}/flags").read_text(), 16) & IFF_UP)
+
     # -- its containers ----------------------------------------------------------------
 
     def container_pid(self, container_id: str) -> int:
@@ -487,6 +492,31 @@ class Swarm:
                         "--advertise-addr", node.address,
                         "--listen-addr", f"{node.address}:{SWARM_PORT}",
                         f"{self.manager.address}:{SWARM_PORT}", timeout=START_TIMEOUT)
+
+    def restore(self, timeout: float = START_TIMEOUT) -> list[str]:
+        """Put the Swarm back as up() left it, whatever a test did to it: every node's link
+        up and its dockerd running, no service, every node Ready and active with no label.
+        What it had to change, one line each (none if nothing)."""
+        changed = []
+        for node in self.nodes:
+            if not node.link_up:
+                node.restore_link()
+                changed.append(f"{node.name}: its link up again")
+            if not node.dockerd_running:
+                node.start_dockerd(timeout)
+                changed.append(f"{node.name}: its dockerd started again")
+        services = self.docker("service", "ls", "--format", "{{.Name}}").split()
+        if services:
+            self.remove_service(*services, timeout=timeout)
+            changed.append(f"services removed: {', '.join(services)}")
+        for name, status in self.wait_nodes("ready", timeout).items():
+            if status.availability != "active" or status.labels:
+                self.docker("node", "update", "--availability", "active",
+                            *(arg for label in status.labels for arg in ("--label-rm", label)),
+                            name)
+                changed.append(f"{name}: {status.availability} with labels "
+                               f"{dict(status.labels)}, now active with none")
+        return changed
 
     # -- what the managers see ---------------------------------------------------------
 

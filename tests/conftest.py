@@ -87,6 +87,21 @@ def swarm() -> Iterator[Swarm]:
     swarm.down()
 
 
+@pytest.fixture(autouse=True)
+def swarm_as_up_left_it(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test on the session's Swarm starts from it as up() left it and leaves it so, passed
+    or failed: one test's leftovers never fail the next."""
+    if "swarm" not in request.fixturenames:
+        yield
+        return
+    swarm: Swarm = request.getfixturevalue("swarm")
+    for change in swarm.restore():  # what an earlier test left and could not undo
+        print(f"before the test: {change}")
+    yield
+    changes = swarm.restore()
+    assert not changes, f"the test left the Swarm changed: {'; '.join(changes)}"
+
+
 @pytest.fixture
 def cgroup_root(cgroup2_mount: Path) -> Iterator[Path]:
     """A fresh, empty cgroup whose children get cpu.max and cpu.stat. Removed afterwards

@@ -6,6 +6,7 @@ node3 is empty. The decision itself is tested in test_placement.py.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -93,11 +94,16 @@ def test_a_bad_placement_parameter_is_one_line_and_starts_nothing(
     assert line.endswith("settle_s, hold_s and max_moves_per_minute must be >= 0"), line
 
 
-def test_a_stuck_task_moves_after_its_settle_time_to_the_node_with_room() -> None:
+def test_a_stuck_task_moves_after_its_settle_time_to_the_node_with_room(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "dqoes_cg.cluster.qoe_placement")
     cluster = Crowded()
     cluster.at(1)
     cluster.at(SETTLE_S / 2)
     assert cluster.updates() == [], "stuck, but not for long enough"
+    stuck = [r.getMessage() for r in caplog.records if " stuck (class B, 2400 ms against "
+             "2000 ms)" in r.getMessage()]
+    assert len(stuck) == 1, caplog.text  # one of the two is admitted: the other is stuck
     cluster.at(SETTLE_S + 2)
     ((moved, spec),) = cluster.updates()
     assert moved in cluster.services
@@ -124,6 +130,7 @@ def test_a_stuck_task_moves_after_its_settle_time_to_the_node_with_room() -> Non
     for seconds in range(int(SETTLE_S) + 8, int(4 * SETTLE_S), 10):
         cluster.at(seconds)
     assert len(cluster.updates()) == 2
+    assert "no longer stuck after" in caplog.text
 
 
 def test_a_service_whose_update_order_is_stop_first_is_never_moved() -> None:

@@ -122,10 +122,26 @@ def test_no_move_when_the_task_leaves_b_or_its_node_could_satisfy_it() -> None:
     placement.plan(view(0.0, tasks))
     tasks[2] = task("x3", "a", 0.45, "S")  # it got there after all: the clock restarts
     placement.plan(view(20.0, tasks))
+    placement.plan(view(35.0, tasks))  # (once it has been out of it for half of 30 s)
     tasks[2] = task("x3", "a", 0.45, "B")
     assert placement.plan(view(40.0, tasks)).moves == []
+    assert placement.plan(view(65.0, tasks)).moves == []
+    assert len(placement.plan(view(70.0, tasks)).moves) == 1
     assert settle(Placement(PARAMS), [task("x1", "a", 0.3, "B"), task("x2", "a", 0.3, "S")],
                   200.0) == []  # B, but its node has room for it: its policy's to fix
+
+
+def test_a_tick_out_of_b_does_not_restart_the_clock() -> None:
+    # A window of a few requests put it in S for one tick (10 s of the 30 s it waits).
+    placement = Placement(PARAMS)
+    tasks = [*crowded(), task("y1", "b", 0.2, "S")]
+    placement.plan(view(0.0, tasks))
+    tasks[2] = task("x3", "a", 0.45, "S")
+    placement.plan(view(10.0, tasks))
+    tasks[2] = task("x3", "a", 0.45, "B")
+    assert placement.plan(view(20.0, tasks)).moves == []
+    (move,) = placement.plan(view(30.0, tasks)).moves
+    assert move.service == "x3"
 
 
 def test_no_move_where_nothing_would_be_gained() -> None:

@@ -58,7 +58,9 @@ class QoEPlacement:
         self.decision = decision.Placement(params)
 
     def tick(self, view: ClusterView, now: float, actions: Actions) -> None:
+        before = self.decision.stuck_since
         plan = self.decision.plan(decision_view(view, now))
+        self._log_stuck(view, before, now)
         for move in plan.moves:
             log.info("placement: service %s: its tasks on node %s move to node %s (need "
                      "%.2f CPUs, %.2f left there)", move.service, move.source,
@@ -71,3 +73,22 @@ class QoEPlacement:
             actions.close_node(node_id)
         for node_id in plan.resume:
             actions.open_node(node_id)
+
+    def _log_stuck(self, view: ClusterView, before: dict[str, float], now: float) -> None:
+        """A line when a task becomes stuck and when it stops being: how long a move waits,
+        and on what, can be read from the log."""
+        after = self.decision.stuck_since
+        for task in view.tasks:
+            if task.id in after and task.id not in before:
+                log.info("placement: task %s of service %s on node %s stuck (class %s, "
+                         "%s against %s): its node cannot hold it in S beside the others",
+                         task.id[:12], task.service, task.node, task.cls,
+                         _ms(task.measured_s), _ms(task.target_s))
+            elif task.id in before and task.id not in after:
+                log.info("placement: task %s of service %s on node %s no longer stuck after "
+                         "%.0f s (class %s)", task.id[:12], task.service, task.node,
+                         now - before[task.id], task.cls)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f} ms"
