@@ -199,6 +199,43 @@ def test_an_open_loop_service_gets_what_its_arrivals_and_its_target_need(
         assert bed.stop_daemon() == 0
 
 
+def test_recommend_only_decides_on_real_workers_and_writes_nothing_until_told_to_act(
+        tmp_path: Path) -> None:
+    # dqoesd --recommend beside two real workers: it measures them and decides (the status
+    # shows the limit it would set) and no cpu.max changes; `act` writes the limits;
+    # `recommend` gives back what each cgroup had, one of them a limit of its own.
+    originals = {"w1": "max 100000", "w2": CUSTOM_ORIGINAL}
+    with testbed.Testbed(f"dqoes-test-{os.getpid()}", tmp_path) as bed:
+        (bed.root / "w2").mkdir()
+        (bed.root / "w2" / "cpu.max").write_text(CUSTOM_ORIGINAL)
+        for i, name in enumerate(originals):
+            bed.add_worker(name, MODEL, seed=i)
+        bed.start_daemon("--sample-interval", "0.5", "--interval", "2", "--max-interval", "4",
+                         "--recommend")
+        bed.set_target(bed.workers["w1"].name, 30.0)  # loose: G, it would be held down
+        bed.set_target(bed.workers["w2"].name, 1e-4)  # out of reach: B
+
+        def recommended() -> bool:
+            status = bed.status()
+            return status.host.decisions >= 3 and all(
+                c.recommended_limit_cores is not None for c in status.containers)
+
+        wait_for(recommended, 180, "three decisions, a limit recommended for each",
+                 explain=lambda: _explain(bed, originals), every=0.5)
+        status = bed.status()
+        assert not status.host.acting
+        assert "recommend only" in format_status(status)
+        assert {n: bed.cpu_max(n) for n in originals} == originals
+
+        assert bed.request("act") == {"acting": True}
+        _wait_for(lambda: all(bed.cpu_max(n) != originals[n] for n in originals), 120,
+                  "the decided limits written")
+        assert bed.request("recommend") == {"acting": False}
+        assert {n: bed.cpu_max(n) for n in originals} == originals
+        assert bed.stop_daemon() == 0
+        assert {n: bed.cpu_max(n) for n in originals} == originals
+
+
 def test_reconcile_gone_and_rebind(tmp_path: Path) -> None:
     # (the deadlines bound a hang; the daemon ticks every 0.3 s)
     with testbed.Testbed(f"dqoes-test-{os.getpid()}", tmp_path) as bed:

@@ -149,17 +149,26 @@ def test_cgroupfs_containers_and_a_scope_get_limits_that_meet_targets(
     assert cgroups[TIGHT].parent == CGROUP / "docker"
 
     _meet_targets(service)
-    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30) as r:
-        metrics = r.read().decode()
-    for name, cgroup in cgroups.items():
-        quota, period = cpu_max(cgroup)
-        assert quota > 0 and period == 100_000, (name, quota)
-        # The exported limit is the one in force, in CPUs (a decision may have moved it by
-        # a step since the scrape).
+
+    def exported(metrics: str, name: str) -> float | None:
         series = re.search(rf'^dqoes_container_cpu_limit_cores{{container="{re.escape(name)}"}} '
                            r"(\S+)$", metrics, re.M)
-        assert series, metrics
-        assert float(series[1]) == pytest.approx(quota / period, rel=0.3), (name, metrics)
+        return None if series is None else float(series[1])
+
+    def scrape_agrees() -> bool:
+        """The exported limits are those in force, in CPUs, in a scrape no decision came
+        into (they come every 2-4 s, and may move a limit by tens of percent)."""
+        before = {n: cpu_max(c) for n, c in cgroups.items()}
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics",
+                                    timeout=30) as r:
+            metrics = r.read().decode()
+        return {n: cpu_max(c) for n, c in cgroups.items()} == before and all(
+            exported(metrics, n) == pytest.approx(q / p, rel=0.01)
+            for n, (q, p) in before.items())
+
+    assert all(cpu_max(c)[0] > 0 and cpu_max(c)[1] == 100_000 for c in cgroups.values())
+    wait_for(scrape_agrees, 120, "a scrape whose limits are those in force",
+             lambda: _explain(service), every=1.0)
 
 
 def test_docker_systemd_driver_containers_get_limits_that_meet_targets(

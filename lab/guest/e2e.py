@@ -28,6 +28,9 @@ from .systemd_guest import ARTIFACTS_ENV, REPO, build_infer
 IMAGE = "dqoes-infer:e2e"
 BUSYBOX = "/bin/busybox"  # static (busybox-static): a shell in the image, for the tests
 APPLETS = ("sh", "ls", "cat", "dd", "df", "tail", "sleep", "touch")
+# What a container runs when only its membership matters: a process in its cgroup that
+# takes no CPU (a burst of servers would hold an emulated CPU for minutes).
+IDLE = ("/bin/sleep", "1000000")
 VOLUME = "type=volume,volume-driver=dqoes,dst=/run/dqoes"  # a ring of its own (README)
 SOCKET = RUN_DIR / "dqoes.sock"
 CGROUP = Path("/sys/fs/cgroup")
@@ -127,14 +130,15 @@ class Docker:
                   "-v", f"{RUN_DIR}/rings/{name}:/run/dqoes", IMAGE, "/infer", str(units),
                   timeout=300).strip()
 
-    def run_labelled(self, name: str, units: int, *labels: str, volume: bool = True,
+    def run_labelled(self, name: str, units: int | None, *labels: str, volume: bool = True,
                      options: tuple[str, ...] = ()) -> str:
         """A container as a Docker user writes it: labels, and a dqoes volume for its
-        ring; its ID."""
+        ring; its ID. It serves requests of `units`, or sleeps (IDLE) if None."""
         argv = [DOCKER, "run", "-d", "--name", name, "--network", "none", *options]
         argv += [a for label in labels for a in ("--label", label)]
         argv += ["--mount", VOLUME] if volume else []
-        return sh(*argv, IMAGE, "/infer", str(units), timeout=300).strip()
+        command = IDLE if units is None else ("/infer", str(units))
+        return sh(*argv, IMAGE, *command, timeout=300).strip()
 
     def inspect(self, name: str, template: str) -> str:
         return sh(DOCKER, "inspect", "--format", template, name).strip()
