@@ -199,15 +199,16 @@ def _unit_cgroups(docker: Docker, scope: Path) -> dict[str, Path]:
 def test_daemon_reload_leaves_the_limits_in_force(service: Service, docker: Docker,
                                                   scope: Path) -> None:
     cgroups = _unit_cgroups(docker, scope)
-    before = {n: cpu_max(c)[0] for n, c in cgroups.items()}
-    assert all(q > 0 for q in before.values()), before
+    assert all(cpu_max(c)[0] > 0 for c in cgroups.values())
     for command in ("daemon-reload", "daemon-reexec"):
         sh("systemctl", command, timeout=300)
-        # What systemd wrote back is what it was told (to its 1% resolution), not its own
-        # "max"; the daemon may have moved a limit by a step meanwhile.
+        # systemd wrote back limits it was told, not its own "max". (The values are not
+        # compared with those before: on a loaded emulated CPU a reload takes a minute or
+        # more, and decisions moved a limit 2.1x meanwhile.)
         after = {n: cpu_max(c)[0] for n, c in cgroups.items()}
-        for name, quota in after.items():
-            assert 0.5 * before[name] < quota < 1.5 * before[name], (command, before, after)
+        assert all(q > 0 for q in after.values()), (command, after)
+    rows = service.containers()
+    assert all(rows[n].cpu_limit_cores is not None for n in cgroups), _explain(service)
 
 
 def test_the_watchdog_restarts_a_hung_loop(service: Service, docker: Docker,
