@@ -27,8 +27,8 @@ import numpy as np
 
 from .cgtable import CgroupTable, Status
 from .policy import Cls, Decision, Observation
-from .ring import RingSet, WindowStats
-from .state import METRICS, TRAINING, Target
+from .ring import STATS, RingSet, WindowStats
+from .state import TRAINING, Target
 
 # numpy compares an array with a plain int several times faster than with an IntEnum member
 OK, GONE, SKIPPED = int(Status.OK), int(Status.GONE), int(Status.SKIPPED)
@@ -60,7 +60,7 @@ class Fleet:
         self._any_training = bool(self.training.any())
         self.target_s = np.array([np.nan if t.target_s is None else t.target_s
                                   for t in targets], dtype=np.float64)
-        self.metric = np.array([_metric_row(t.metric) for t in targets], dtype=np.intp)
+        self.metric = np.array([metric_row(t.metric) for t in targets], dtype=np.intp)
         self.metric_index = self.metric * n + np.arange(n)  # into the rings' stats rows
         # Per decision window (the policy's inputs and outputs, shown by status).
         self.measured = np.full(n, np.nan)
@@ -138,7 +138,7 @@ class Fleet:
         self.training[i] = kind == TRAINING
         self._any_training = bool(self.training.any())
         self.target_s[i] = np.nan if target_s is None else target_s
-        self.metric[i] = _metric_row(metric)
+        self.metric[i] = metric_row(metric)
         self.metric_index[i] = self.metric[i] * len(self) + i
 
     def sense(self, now: float) -> bool:
@@ -259,7 +259,7 @@ class Fleet:
         self.rings.close()
 
 
-def _metric_row(metric: str | None) -> int:
-    """The row of a latency statistic in the rings' stats (any for a training job, which
-    has no latency target)."""
-    return 0 if metric is None else METRICS.index(metric)
+def metric_row(metric: str | None) -> int:
+    """The row of a latency statistic in the rings' stats, found by its name there (any
+    for a training job, which has no latency target)."""
+    return 0 if metric is None else STATS.index(metric)

@@ -23,11 +23,12 @@ from dqoes_cg.config import Config
 from dqoes_cg.control import Peer, RequestError
 from dqoes_cg.controller import Controller
 from dqoes_cg.ctl import format_status
-from dqoes_cg.fleet import Fleet
+from dqoes_cg.fleet import Fleet, metric_row
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import Decision, Observation
+from dqoes_cg.ring import STATS
 from dqoes_cg.snapshot import expected_class
-from dqoes_cg.state import StateError, StateStore
+from dqoes_cg.state import METRICS, StateError, StateStore
 from dqoes_cg.targets import TargetError
 from lab.fakecg import make_cgroup, write
 
@@ -268,6 +269,12 @@ def test_a_cgroup_re_created_while_down_is_not_given_the_old_original(any_host: 
 def _pressure(cgroup: Path, total_usec: int | str) -> None:
     write(cgroup / "cpu.pressure", f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_usec}\n"
                                    "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+
+def test_each_metric_reads_the_ring_statistic_of_its_name() -> None:
+    """A target's metric picks the row of the rings' stats named like it, whatever the
+    order of the two tuples."""
+    assert {m: STATS[metric_row(m)] for m in METRICS} == {m: m for m in METRICS}
 
 
 def _wanting(fleet: Fleet, wanted: list[bool]) -> None:
