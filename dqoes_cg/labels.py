@@ -20,14 +20,13 @@ from dataclasses import dataclass
 
 from .duration import format_duration, parse_duration
 from .policy import TRAINING_POLICY
-from .state import INFERENCE, METRICS, TRAINING, check_target
+from .state import DEFAULT_METRIC, INFERENCE, METRICS, TRAINING, check_target
 
 PREFIX = "dqoes."
 TARGET = "dqoes.target"
 METRIC = "dqoes.metric"
 POLICY = "dqoes.policy"
 KNOWN = (TARGET, METRIC, POLICY)
-DEFAULT_METRIC = "p95"
 MAX_VALUE = 64  # characters of a label value worth reading
 
 

@@ -39,6 +39,7 @@ STATE_VERSION = 4
 # version 1: no log, no source, no cgroup identity; 2: no kind; 3: no original_weight
 READABLE_VERSIONS = (1, 2, 3, 4)
 METRICS = ("mean", "p50", "p90", "p95", "p99")
+DEFAULT_METRIC = "p95"  # the metric of a target that names none
 INFERENCE, TRAINING = KINDS = ("inference", "training")
 SOURCES = ("cli", "label", "service")
 ENGINE_SOURCES = ("label", "service")  # targets that follow the container engine
