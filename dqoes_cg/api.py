@@ -23,9 +23,9 @@ from typing import Any
 
 from .control import Peer, RequestError
 from .controller import Controller
-from .labels import TRAINING_JOB, Objective
-from .state import DEFAULT_METRIC, StateError
-from .targets import TargetError
+from .membership.objective import DEFAULT_METRIC, TRAINING_JOB, Objective
+from .membership.targets import TargetError
+from .state import StateError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ One tick (every sample interval), for all bound containers at once:
     act     the actuator writes the limits that changed, in one C call (actuator.py)
 
 The per-tick path is C calls and numpy on preallocated per-slot arrays. Python work per
-container happens only when membership changes (targets.py): the fleet and the actuator
+container happens only when membership changes (membership/targets.py): the fleet and the actuator
 are then rebuilt once, whatever the number of changes since the last. A target removed (or
 a cgroup gone) is out of the tables at the next tick: nothing may be written to a cgroup
 given back. New targets join at the next tick too, unless rebuilding would then take more
@@ -52,14 +52,14 @@ from .cgroup import (
 from .cgtable import FDS_PER_CGROUP, CgroupTable, open_file_limit
 from .config import Config
 from .fleet import Fleet
-from .labels import Objective
+from .membership.objective import ENGINE_SOURCES, INFERENCE, Objective
+from .membership.targets import Binder, ResolveMany, TargetError, Targets
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
 from .snapshot import Counters, build
-from .state import ENGINE_SOURCES, INFERENCE, Originals, StateError, StateStore
+from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
-from .targets import Binder, ResolveMany, TargetError, Targets
 from .watcher import Seen, Watcher
 
 log = logging.getLogger(__name__)

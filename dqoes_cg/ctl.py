@@ -31,8 +31,8 @@ from .cluster.show import format_cluster
 from .cluster.view import ClusterView
 from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
+from .membership.objective import DEFAULT_METRIC, METRICS, TRAINING
 from .paths import DEFAULT_SOCKET, MANAGER_SOCKET
-from .state import DEFAULT_METRIC, METRICS, TRAINING
 from .status import Listing, Status
 from .table import format_table
 

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .cgtable import CgroupTable, Status
+from .membership.objective import TRAINING, Target
 from .policy import Cls, Decision, Observation
 from .ring import STATS, RingSet, WindowStats
-from .state import TRAINING, Target
 
 # numpy compares an array with a plain int several times faster than with an IntEnum member
 OK, GONE, SKIPPED = int(Status.OK), int(Status.GONE), int(Status.SKIPPED)

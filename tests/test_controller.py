@@ -24,12 +24,13 @@ from dqoes_cg.control import Peer, RequestError
 from dqoes_cg.controller import Controller
 from dqoes_cg.ctl import format_status
 from dqoes_cg.fleet import Fleet, metric_row
+from dqoes_cg.membership.objective import METRICS
+from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import Decision, Observation
 from dqoes_cg.ring import STATS
 from dqoes_cg.snapshot import expected_class
-from dqoes_cg.state import METRICS, StateError, StateStore
-from dqoes_cg.targets import TargetError
+from dqoes_cg.state import StateError, StateStore
 from lab.fakecg import make_cgroup, write
 
 ORIGINAL = "150000 100000"

@@ -12,8 +12,8 @@ import pytest
 
 from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import CgroupError, Kind, Resolved
-from dqoes_cg.labels import Objective
-from dqoes_cg.targets import TargetError
+from dqoes_cg.membership.objective import Objective
+from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.watcher import Changes, Seen
 from lab.fakecg import make_cgroup
 from tests.test_controller import ORIGINAL, Host, _cpu_max

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dqoes_cg.labels import Objective, effective, objective
+from dqoes_cg.labels import effective, objective
+from dqoes_cg.membership.objective import Objective
 
 
 def test_a_target_and_a_metric() -> None:

@@ -27,8 +27,8 @@ from dqoes_cg.cgroup import resolve_many
 from dqoes_cg.config import Config
 from dqoes_cg.control import ControlServer, Peer, request
 from dqoes_cg.controller import FD_RESERVE, FDS_PER_TARGET, REBUILD_SHARE, WALK_SHARE
+from dqoes_cg.membership.targets import ResolveMany, TargetError
 from dqoes_cg.policy import Decision, Observation
-from dqoes_cg.targets import ResolveMany, TargetError
 from lab.fakecg import make_cgroup
 from tests.test_controller import FixedPolicy, Host
 

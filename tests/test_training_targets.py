@@ -14,13 +14,21 @@ import numpy as np
 import pytest
 
 from dqoes_cg.ctl import format_status
-from dqoes_cg.labels import TRAINING_JOB, Objective, effective, objective
+from dqoes_cg.labels import effective, objective
+from dqoes_cg.membership.objective import (
+    INFERENCE,
+    TRAINING,
+    TRAINING_JOB,
+    Objective,
+    Target,
+    check_target,
+)
+from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import make_policy
 from dqoes_cg.probe import Probe
-from dqoes_cg.state import INFERENCE, STATE_VERSION, TRAINING, StateStore, Target, check_target
+from dqoes_cg.state import STATE_VERSION, StateStore
 from dqoes_cg.status import Status
-from dqoes_cg.targets import TargetError
 from lab.fakecg import CPU_STAT, write
 from tests.test_controller import Host
 from tests.test_ctl import Daemon, daemon  # noqa: F401 (the fixture)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..labels import MAX_VALUE, PREFIX
-from ..state import METRICS
+from ..membership.objective import METRICS
 
 VERSION = 1
 CLUSTER_PORT = 2378  # dqoes-manager's, on each Swarm manager (Swarm's own is 2377)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Engine, EngineError, parse_labels
-from ..labels import Objective, effective, objective, ours
+from ..labels import effective, objective, ours
+from ..membership.objective import Objective
 
 log = logging.getLogger(__name__)
 

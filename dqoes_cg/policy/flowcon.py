@@ -93,6 +93,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ..membership.objective import TRAINING_POLICY
 from .base import (
     IV_INITIAL_S,
     IV_MAX_S,
@@ -107,9 +108,6 @@ from .base import (
     PolicyParams,
 )
 from .dqoes import Listener, masked_sum
-
-TRAINING_POLICY = "flowcon"
-"""The policy of training jobs: the value of the label dqoes.policy that marks one."""
 
 # The lists as int8 scalars: an IntEnum compared with an int8 array is cast in buffers.
 NL, WL, CL, IDLE = (np.int8(c) for c in (Cls.NL, Cls.WL, Cls.CL, Cls.IDLE))
@@ -435,5 +433,5 @@ def water_fill(total: float, demand: npt.ArrayLike) -> FloatArray:
     return out
 
 
-__all__ = ["TRAINING_POLICY", "BackOff", "FlowCon", "Round", "growth_into", "progress_into",
+__all__ = ["BackOff", "FlowCon", "Round", "growth_into", "progress_into",
            "round_into", "threshold", "water_fill", "water_fill_into"]

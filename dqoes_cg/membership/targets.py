@@ -1,6 +1,6 @@
-"""Membership: the targets, the cgroups they are bound to, and the original limits the
-daemon must give back. Every change is persisted (state.py) before it is made in memory,
-so that a failed write changes nothing.
+"""The targets, the cgroups they are bound to, and the original limits the daemon must give
+back. Every change is persisted (the journal, state.py) before it is made in memory, so
+that a failed write changes nothing.
 
 A target is *bound* when its cgroup is known and *pending* while it is not: set with
 --pending before its container exists, or back from bound when its cgroup went away. The
@@ -19,16 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from .cgroup import CgroupError, InvalidName, Resolved, require_cpu_controller
-from .state import (
-    INFERENCE,
-    Originals,
-    StateError,
-    StateStore,
-    Target,
-    cgroup_identity,
-    check_target,
-)
+from ..cgroup import CgroupError, InvalidName, Resolved, require_cpu_controller
+from ..state import Originals, StateError, StateStore, cgroup_identity
+from .objective import INFERENCE, Target, check_target
 
 log = logging.getLogger(__name__)
 

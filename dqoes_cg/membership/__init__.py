@@ -1,0 +1,10 @@
+"""Membership: which containers the daemon manages, and with which objective.
+
+    objective.py  the vocabulary: an `Objective` (a latency target and the metric compared
+                  with it, or a training job), the `Target` it becomes, and what is valid
+    targets.py    the targets: added, changed, unset, bound to cgroups, released and
+                  re-adopted, each change persisted first (state.py is the journal)
+
+The controller reads the bound set by its version (`Targets.version`) and rebuilds its
+per-slot tables when it moves.
+"""
