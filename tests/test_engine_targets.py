@@ -1,4 +1,5 @@
-"""Targets from a container engine's labels, in the controller (controller.py), on a fake
+"""Targets from a container engine's labels (membership/engine_targets.py), driven by the
+controller's tick, on a fake
 cgroup tree with a stand-in watcher: they come and go with their containers, dqoesctl's
 target wins, refused labels are listed and change nothing, a full listing drops what is
 gone (a restart of dqoesd or of the engine)."""
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import CgroupError, Kind, Resolved
+from dqoes_cg.membership import engine_targets
 from dqoes_cg.membership.objective import Objective
 from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.watcher import Changes, Seen
@@ -52,7 +53,7 @@ def host(tmp_path: Path) -> Host:
 
 def controller(host: Host, watcher: StubWatcher):
     c = host.controller()
-    c.watcher = watcher
+    c.engine_targets.watcher = watcher
     return c
 
 
@@ -156,7 +157,7 @@ def test_service_labels_pushed_through_the_control_api(host: Host) -> None:
         with pytest.raises(RequestError):
             api.handle(c, "service-labels", bad, root)
     assert api.OPERATIONS["service-labels"].write
-    c.watcher = None
+    c.engine_targets.watcher = None
     with pytest.raises(RequestError, match="follows no container engine"):
         api.handle(c, "service-labels", {"service_id": "a", "labels": None}, root)
     c.shutdown()
@@ -201,7 +202,7 @@ def test_a_burst_of_containers_joins_over_several_ticks(
         host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     """So that requests are answered between ticks during a burst; a listing's sweep of the
     targets whose containers are gone waits until the whole listing is applied."""
-    monkeypatch.setattr(controller_module, "ENGINE_BUDGET_S", -1.0)  # one a tick
+    monkeypatch.setattr(engine_targets, "ENGINE_BUDGET_S", -1.0)  # one a tick
     w = StubWatcher()
     c = controller(host, w)
     c.set_target("old", 0.1, "mean", True, source="label")  # of a previous run

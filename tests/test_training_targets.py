@@ -147,7 +147,7 @@ def test_labels_make_a_training_job_and_change_it(tmp_path: Path) -> None:
     host = Host(tmp_path)
     w = StubWatcher()
     c = host.controller()
-    c.watcher = w
+    c.engine_targets.watcher = w
     cid = "a" * 64
     job = seen(host, cid, "trainer")
     job = type(job)(job.id, job.name, TRAINING_JOB, job.source, None, job.cgroup, None)

@@ -4,6 +4,8 @@
                   with it, or a training job), the `Target` it becomes, and what is valid
     targets.py    the targets: added, changed, unset, bound to cgroups, released and
                   re-adopted, each change persisted first (state.py is the journal)
+    engine_targets.py  the targets that follow the container engine's labels, applied
+                  once per tick (the controller calls it)
 
 The controller reads the bound set by its version (`Targets.version`) and rebuilds its
 per-slot tables when it moves.
