@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dqoes_cg.ctl import format_status
-from dqoes_cg.labels import effective, objective
+from dqoes_cg.membership.labels import effective, objective
 from dqoes_cg.membership.objective import (
     INFERENCE,
     TRAINING,

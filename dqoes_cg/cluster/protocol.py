@@ -27,7 +27,7 @@ import ssl
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..labels import MAX_VALUE, PREFIX
+from ..membership.labels import MAX_VALUE, PREFIX
 from ..membership.objective import METRICS
 
 VERSION = 1

@@ -2,6 +2,7 @@
 
     objective.py  the vocabulary: an `Objective` (a latency target and the metric compared
                   with it, or a training job), the `Target` it becomes, and what is valid
+    labels.py     the objective a container's `dqoes.` labels describe (hostile input)
     targets.py    the targets: added, changed, unset, bound to cgroups, released and
                   re-adopted, each change persisted first (state.py is the journal)
     engine_targets.py  the targets that follow the container engine's labels, applied

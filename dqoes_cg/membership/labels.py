@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .duration import parse_duration
-from .membership.objective import (
+from ..duration import parse_duration
+from .objective import (
     DEFAULT_METRIC,
     METRICS,
     TRAINING_JOB,
