@@ -51,10 +51,8 @@ def _set_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
             raise RequestError("a training job has no target_s or metric")
     else:
         objective = Objective(req.get("target_s"), req.get("metric", DEFAULT_METRIC))
-    listed = c.set_target(name, objective.target_s, objective.metric, pending,
-                          kind=objective.kind)
-    log.info("%s: %s, set by uid %d", name, Objective(listed.target_s, listed.metric,
-                                                       objective.kind), peer.uid)
+    listed = c.set_target(name, objective, pending)
+    log.info("%s: %s, set by uid %d", name, objective, peer.uid)
     return listed.to_json()
 
 

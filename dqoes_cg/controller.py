@@ -53,7 +53,7 @@ from .cgtable import FDS_PER_CGROUP, CgroupTable, open_file_limit
 from .config import Config
 from .fleet import Fleet
 from .membership.engine_targets import EngineTargets
-from .membership.objective import ENGINE_SOURCES, INFERENCE, Objective, Target
+from .membership.objective import ENGINE_SOURCES, Objective, Target
 from .membership.targets import Binder, ResolveMany, TargetError, Targets
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet, create_ring, ring_dir_name, ring_path
@@ -230,28 +230,27 @@ class Controller:
 
     # --- requests ----------------------------------------------------------------------
 
-    def set_target(self, name: str, target_s: float | None, metric: str | None,
-                   pending: bool, source: str = "cli", kind: str = INFERENCE) -> Listing:
-        """Give a container a target (or a new one), or make it a training job (`kind`: no
-        target nor metric). TargetError or StateError: nothing changed. The policy runs
+    def set_target(self, name: str, objective: Objective, pending: bool,
+                   source: str = "cli") -> Listing:
+        """Give a container an objective (or a new one): a latency target, or none for a
+        training job. TargetError or StateError: nothing changed. The policy runs
         again at once for a new objective; a new target makes it run when it joins the
         tables (a rebuild resets the policy), not at every request of a stream of them."""
         if name in self.targets:
-            self.retarget(name, Objective(target_s, metric, kind), source)
+            self.retarget(name, objective, source)
         else:
             if self.room() <= 0:
                 raise TargetError(self.room_refusal())
-            self.targets.add(name, target_s, metric, self._find(name, pending), pending,
-                             source, lambda: self.ensure_ring(name), kind=kind)
+            self.targets.add(name, objective, self._find(name, pending), pending, source,
+                             lambda: self.ensure_ring(name))
         return self.describe(name)
 
     def retarget(self, name: str, objective: Objective, source: str) -> Target:
         """Give an existing target a new objective (TargetError or StateError: nothing
         changed); a bound one's is in force at the next decision, which comes at once."""
-        o = objective
-        target = self.targets.change(name, o.target_s, o.metric, source, o.kind)
+        target = self.targets.change(name, objective, source)
         if name in self.fleet.slot:
-            self.fleet.set_target(name, target.target_s, target.metric, target.kind)
+            self.fleet.set_target(name, target.objective)
             self.policy.reset()
         return target
 

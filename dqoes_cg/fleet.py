@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .cgtable import CgroupTable, Status
-from .membership.objective import TRAINING, Target
+from .membership.objective import TRAINING, Objective, Target
 from .policy import Cls, Decision, Observation
 from .ring import STATS, RingSet, WindowStats
 
@@ -131,14 +131,13 @@ class Fleet:
     def __len__(self) -> int:
         return len(self.names)
 
-    def set_target(self, name: str, target_s: float | None, metric: str | None,
-                   kind: str) -> None:
+    def set_target(self, name: str, objective: Objective) -> None:
         """A bound container's objective (or kind) changed."""
-        i = self.slot[name]
-        self.training[i] = kind == TRAINING
+        i, o = self.slot[name], objective
+        self.training[i] = o.kind == TRAINING
         self._any_training = bool(self.training.any())
-        self.target_s[i] = np.nan if target_s is None else target_s
-        self.metric[i] = metric_row(metric)
+        self.target_s[i] = np.nan if o.target_s is None else o.target_s
+        self.metric[i] = metric_row(o.metric)
         self.metric_index[i] = self.metric[i] * len(self) + i
 
     def sense(self, now: float) -> bool:

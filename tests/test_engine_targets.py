@@ -100,14 +100,15 @@ def test_dqoesctl_wins_and_the_labels_come_back_after_unset(host: Host) -> None:
     c = controller(host, w)
     w.report(seen(host, A, "web", target=0.1), listed=True)
     c.tick(time.monotonic())
-    c.set_target("web", 0.3, "p99", False)
+    c.set_target("web", Objective(0.3, "p99"), False)
     w.report(seen(host, A, "web", target=0.2))  # a label change does not override it
     c.tick(time.monotonic())
     assert (c.targets.get("web").target_s, c.targets.get("web").source) == (0.3, "cli")
     w.report(seen(host, B, "other"))
     c.tick(time.monotonic())
     with pytest.raises(TargetError, match=r"already managed as 'other' \(by its labels\)"):
-        c.set_target("docker/" + B, 0.1, "mean", False)  # the same container, by its path
+        # the same container, by its path
+        c.set_target("docker/" + B, Objective(0.1, "mean"), False)
     c.unset_target("web")
     assert (c.targets.get("web").target_s, c.targets.get("web").source) == (0.2, "label")
     c.shutdown()
@@ -190,7 +191,7 @@ def test_labels_get_no_more_targets_than_the_descriptors_hold(
     c.tick(time.monotonic())
     assert "db" not in c.targets and caplog.text.count("db: labels refused") == 1
     with pytest.raises(TargetError, match="no room for more than 1 targets"):
-        c.set_target("other", 0.1, "mean", True)
+        c.set_target("other", Objective(0.1, "mean"), True)
     w.report((A, None))  # web stops: db takes the room it leaves
     for _ in range(2):
         c.tick(time.monotonic())
@@ -205,7 +206,7 @@ def test_a_burst_of_containers_joins_over_several_ticks(
     monkeypatch.setattr(engine_targets, "ENGINE_BUDGET_S", -1.0)  # one a tick
     w = StubWatcher()
     c = controller(host, w)
-    c.set_target("old", 0.1, "mean", True, source="label")  # of a previous run
+    c.set_target("old", Objective(0.1, "mean"), True, source="label")  # of a previous run
     ids = [f"{i:x}" * 64 for i in range(3, 8)]
     for cid in ids:
         make_cgroup(host.mount, "docker/" + cid)

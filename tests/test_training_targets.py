@@ -98,8 +98,8 @@ def test_a_training_job_is_decided_by_flowcon_beside_a_service(tmp_path: Path) -
     host = Host(tmp_path)
     a, b = "docker/" + "a" * 64, "docker/" + "b" * 64
     c = host.controller(make_policy("dqoes"))  # type: ignore[arg-type]
-    c.set_target(a, 0.1, "mean", False)
-    listed = c.set_target(b, None, None, False, kind=TRAINING)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    listed = c.set_target(b, TRAINING_JOB, False)
     assert (listed.kind, listed.target_s, listed.metric) == (TRAINING, None, None)
     now = time.monotonic()
     c.tick(now)
@@ -132,14 +132,14 @@ def test_a_target_becomes_a_training_job_and_back(tmp_path: Path) -> None:
     host = Host(tmp_path)
     a = "docker/" + "a" * 64
     c = host.controller(make_policy("dqoes"))  # type: ignore[arg-type]
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
-    c.set_target(a, None, None, False, kind=TRAINING)
+    c.set_target(a, TRAINING_JOB, False)
     assert c.fleet.training.tolist() == [True] and np.isnan(c.fleet.target_s[0])
-    c.set_target(a, 0.2, "p95", False)
+    c.set_target(a, Objective(0.2, "p95"), False)
     assert c.fleet.training.tolist() == [False] and c.fleet.target_s[0] == 0.2
     with pytest.raises(TargetError, match="no latency target"):
-        c.set_target(a, 0.2, "p95", False, kind=TRAINING)
+        c.set_target(a, Objective(0.2, "p95", TRAINING), False)
     c.shutdown()
 
 

@@ -128,8 +128,7 @@ class EngineTargets:
         if current is not None and current.source not in ENGINE_SOURCES:
             if ring is not None and current.ring != ring:  # dqoesctl's target, its own ring
                 self._drop(name, "", force=True)
-                self._add(seen, Objective(current.target_s, current.metric, current.kind),
-                          "cli", ring)
+                self._add(seen, current.objective, "cli", ring)
             return
         if seen.objective is not None and current is None \
                 and self._owner.room() <= 0:  # as set-target refuses one
@@ -150,8 +149,7 @@ class EngineTargets:
         if current is None:
             self._add(seen, o, seen.source, ring)
             log.info("%s: %s from %s", name, o, _from(seen.source))
-        elif (current.target_s, current.metric, current.kind, current.source) != (
-                o.target_s, o.metric, o.kind, seen.source):
+        elif (current.objective, current.source) != (o, seen.source):
             self._owner.retarget(name, o, seen.source)
             log.info("%s: now %s from %s", name, o, _from(seen.source))
         if current is not None and current.cgroup is None \
@@ -159,9 +157,9 @@ class EngineTargets:
             self.targets.bind({name: seen.cgroup})
 
     def _add(self, seen: Seen, o: Objective, source: str, ring: str | None) -> None:
-        self.targets.add(seen.name, o.target_s, o.metric, seen.cgroup, True, source,
+        self.targets.add(seen.name, o, seen.cgroup, True, source,
                          (lambda: None) if ring else (lambda: self._owner.ensure_ring(seen.name)),
-                         ring=ring, kind=o.kind)
+                         ring=ring)
 
     def _drop(self, name: str, why: str, force: bool = False) -> None:
         target = self.targets.find(name)

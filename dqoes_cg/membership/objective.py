@@ -3,8 +3,10 @@
 An `Objective` is a latency target and the window statistic compared with it (an inference
 service), or none of them (a training job, managed by the progress it reports). It comes
 from a `dqoesctl set-target` request or from a container's labels (labels.py), and is
-checked here (`check_target`) whatever its source; a `Target` is a container's objective
-with where it came from, the cgroup it is bound to and what the daemon must give back.
+checked here (`check_target`) whatever its source, and passed whole to the targets
+(membership/targets.py) and to the fleet's row (fleet.py); a `Target` is a container's
+objective with where it came from, the cgroup it is bound to and what the daemon must give
+back (the journal, state.py, stores it flat).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ class Target:
     # target: FlowCon, by the progress it reports)
     kind: str = INFERENCE
     original_weight: int | None = None  # cpu.weight before our first write; None: never written
+
+    @property
+    def objective(self) -> Objective:
+        """What the target is pursued for."""
+        return Objective(self.target_s, self.metric, self.kind)
 
 
 def check_target(target_s: Any, metric: Any, kind: Any = INFERENCE) -> None:
