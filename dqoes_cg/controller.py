@@ -27,13 +27,11 @@ joins over several ticks; membership/engine_targets.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import time
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 
@@ -54,9 +52,10 @@ from .config import Config
 from .fleet import Fleet
 from .membership.engine_targets import EngineTargets
 from .membership.objective import ENGINE_SOURCES, Objective, Target
+from .membership.rings import Rings
 from .membership.targets import Binder, ResolveMany, TargetError, Targets
 from .policy import Cls, Policy, make_policy
-from .ring import RingSet, create_ring, ring_dir_name, ring_path
+from .ring import RingSet
 from .snapshot import Counters, build
 from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
@@ -91,7 +90,7 @@ class Controller:
         self._resolve = resolve or partial(resolve_many, mount=self.mount, runtimes=runtimes)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
-        self._rings: dict[str, Path] = {}
+        self.rings = Rings(cfg.run_dir, cfg.ring_capacity, self.targets)
         self.counters = Counters(interval=cfg.params.iv_initial)
         self._next_rebind = 0.0
         self.fd_limit = open_file_limit()
@@ -102,8 +101,8 @@ class Controller:
         self.targets.readopt()
         for t in self.targets:
             if t.ring is None:
-                self.ensure_ring(t.name)
-        self.engine_targets = EngineTargets(watcher, self.targets, self)
+                self.rings.ensure(t.name)
+        self.engine_targets = EngineTargets(watcher, self.targets, self.rings, self)
         self.fleet: Fleet | None = None
         self.actuator: Actuator | None = None
         self._built = self._built_removed = -1
@@ -160,7 +159,7 @@ class Controller:
         old_fleet, old_actuator = self.fleet, self.actuator
         table = CgroupTable([t.cgroup for t in bound],
                             adopt=old_fleet.table if old_fleet else None)
-        rings = RingSet([self.ring(t.name) for t in bound], self.cfg.ring_capacity,
+        rings = RingSet([self.rings.path(t.name) for t in bound], self.cfg.ring_capacity,
                         adopt=old_fleet.rings if old_fleet else None)
         self.actuator = Actuator(
             table, [t.name for t in bound],
@@ -201,29 +200,6 @@ class Controller:
             except StateError as e:
                 log.error("cannot record new bindings: %s", e)
 
-    def ring(self, name: str) -> Path:
-        """The ring of target `name`: its volume's, or its own under the run directory (that
-        path kept while it is a target: paths cost a rebuild and a status most of their time
-        otherwise)."""
-        target = self.targets.find(name)
-        if target is not None and target.ring is not None:
-            return Path(target.ring)
-        path = self._rings.get(name)
-        if path is None:
-            path = ring_path(self.cfg.run_dir, ring_dir_name(name))
-            if target is not None:
-                self._rings[name] = path
-        return path
-
-    def ensure_ring(self, name: str) -> None:
-        """Create the ring of target `name` if it has none (TargetError if it cannot)."""
-        path = self.ring(name)
-        if not path.is_file() or path.is_symlink():
-            try:
-                create_ring(path, self.cfg.ring_capacity)
-            except OSError as e:
-                raise TargetError(f"cannot create the ring for {name}: {e}") from None
-
     def push_service_labels(self, service_id: str, labels: dict[str, str] | None) -> None:
         """A Swarm service's labels, from whoever knows them (see watcher.py)."""
         self.engine_targets.push_service_labels(service_id, labels)
@@ -242,7 +218,7 @@ class Controller:
             if self.room() <= 0:
                 raise TargetError(self.room_refusal())
             self.targets.add(name, objective, self._find(name, pending), pending, source,
-                             lambda: self.ensure_ring(name))
+                             lambda: self.rings.ensure(name))
         return self.describe(name)
 
     def retarget(self, name: str, objective: Objective, source: str) -> Target:
@@ -290,22 +266,15 @@ class Controller:
 
     def give_back(self, name: str) -> str | None:
         """Remove a target, giving its container's limit back (returned; None: never
-        written) and removing its own ring."""
+        written), and its own ring."""
         restored = None
         i = self.fleet.slot.get(name)
         if i is not None and self.fleet.table.dirs[i].is_dir():  # not a gone container
             mask = np.zeros(len(self.fleet), bool)
             mask[i] = True
             restored = self.actuator.restore(mask)[0]
-        own_ring = self.targets.get(name).ring is None
-        ring = self.ring(name)
-        self.targets.unset(name)
-        self._rings.pop(name, None)
+        self.rings.remove(self.targets.unset(name))
         self.policy.reset()
-        if own_ring:  # a volume's ring is the volume driver's
-            with contextlib.suppress(OSError):  # a container still has it open: harmless
-                ring.unlink()
-                ring.parent.rmdir()
         return restored
 
     def set_acting(self, acting: bool) -> bool:
@@ -326,19 +295,19 @@ class Controller:
 
     def describe(self, name: str) -> Listing:
         t = self.targets.get(name)
-        return listing(t, str(self.ring(name)), self.targets.reasons.get(name))
+        return listing(t, str(self.rings.path(name)), self.targets.reasons.get(name))
 
     def listings(self) -> list[Listing]:
         invalid = [refused(s.name, s.source,
                            s.cgroup.path.as_posix() if not isinstance(s.cgroup, CgroupError)
-                           else None, str(s.ring or self.ring(s.name)), s.error)
+                           else None, str(s.ring or self.rings.path(s.name)), s.error)
                    for s in self.engine_targets.refused()]
         return [self.describe(t.name) for t in self.targets] + invalid
 
     def status(self, only: str | None = None) -> Status:
         targets = [self.targets.get(only)] if only is not None else list(self.targets)
         systemd = (self.limiter.sent, self.limiter.failed) if self.limiter else (0, 0)
-        return build(targets, {t.name: str(self.ring(t.name)) for t in targets},
+        return build(targets, {t.name: str(self.rings.path(t.name)) for t in targets},
                      self.targets.reasons, self.fleet, self.actuator, self.counters,
                      self.policy.name, self.cpus, systemd, self.cfg.params.alpha)
 

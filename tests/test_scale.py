@@ -182,7 +182,7 @@ def test_nothing_of_a_target_is_kept_once_it_is_unset(host: Host) -> None:
         for name in (path, f"absent-{k}"):
             c.unset_target(name)
     c.tick(time.monotonic())
-    assert (c._rings, c.targets.reasons, len(c.fleet)) == ({}, {}, 0)
+    assert (len(c.rings), c.targets.reasons, len(c.fleet)) == (0, {}, 0)
     c.shutdown()
 
 

@@ -103,7 +103,7 @@ def test_a_training_job_is_decided_by_flowcon_beside_a_service(tmp_path: Path) -
     assert (listed.kind, listed.target_s, listed.metric) == (TRAINING, None, None)
     now = time.monotonic()
     c.tick(now)
-    with Probe.open(c.ring(b)) as probe:
+    with Probe.open(c.rings.path(b)) as probe:
         for loss in (2.0, 1.5, 1.25):
             probe.progress(loss)
         _usage(host.b, 1000 + 500_000)  # half a CPU over the second

@@ -5,6 +5,7 @@
     labels.py     the objective a container's `dqoes.` labels describe (hostile input)
     targets.py    the targets: added, changed, unset, bound to cgroups, released and
                   re-adopted, each change persisted first (state.py is the journal)
+    rings.py      each target's ring path: its volume's, or its own, made and removed with it
     engine_targets.py  the targets that follow the container engine's labels, applied
                   once per tick (the controller calls it)
 

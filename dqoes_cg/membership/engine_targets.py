@@ -16,6 +16,7 @@ from ..cgroup import CgroupError
 from ..state import StateError
 from ..watcher import Seen, Watcher
 from .objective import ENGINE_SOURCES, Objective, Target
+from .rings import Rings
 from .targets import TargetError, Targets
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,6 @@ class Owner(Protocol):
         """Why no target can be added when there is no room."""
         ...
 
-    def ensure_ring(self, name: str) -> None:
-        """Create the ring of target `name` if it has none (TargetError if it cannot)."""
-        ...
-
     def retarget(self, name: str, objective: Objective, source: str) -> Target:
         """Give an existing target a new objective, in force at once."""
         ...
@@ -56,9 +53,11 @@ class EngineTargets:
     change; `refollow` lets a container's labels take over again once dqoesctl's target on
     its name is gone; `refused` lists the containers whose labels were refused."""
 
-    def __init__(self, watcher: Watcher | None, targets: Targets, owner: Owner) -> None:
+    def __init__(self, watcher: Watcher | None, targets: Targets, rings: Rings,
+                 owner: Owner) -> None:
         self.watcher = watcher
         self.targets = targets
+        self.rings = rings
         self._owner = owner
         self._seen: dict[str, Seen] = {}  # the engine's containers that concern us, by ID
         self._queue: dict[str, Seen | None] = {}  # changes not applied yet, by ID
@@ -158,7 +157,7 @@ class EngineTargets:
 
     def _add(self, seen: Seen, o: Objective, source: str, ring: str | None) -> None:
         self.targets.add(seen.name, o, seen.cgroup, True, source,
-                         (lambda: None) if ring else (lambda: self._owner.ensure_ring(seen.name)),
+                         (lambda: None) if ring else (lambda: self.rings.ensure(seen.name)),
                          ring=ring)
 
     def _drop(self, name: str, why: str, force: bool = False) -> None:
