@@ -102,7 +102,7 @@ class Controller:
         for t in self.targets:
             if t.ring is None:
                 self.rings.ensure(t.name)
-        self.engine_targets = EngineTargets(watcher, self.targets, self.rings, self)
+        self.engine_targets = EngineTargets(watcher, self.targets, self.rings)
         self.fleet: Fleet | None = None
         self.actuator: Actuator | None = None
         self._built = self._built_removed = -1
@@ -114,7 +114,7 @@ class Controller:
 
     def tick(self, now: float) -> None:
         self.counters.ticks += 1
-        self.engine_targets.follow()  # first: a container that just started is sensed at once
+        self.engine_targets.follow(self)  # first: a container just started is sensed at once
         self._rebuild_if_changed(now)
         f = self.fleet
         if len(f) and f.sense(now):
@@ -261,7 +261,7 @@ class Controller:
             raise TargetError(f"the target of {name} comes from {where}: remove the label "
                               "dqoes.target to unset it")
         restored = self.give_back(name)
-        self.engine_targets.refollow(name)
+        self.engine_targets.refollow(self, name)
         return restored
 
     def give_back(self, name: str) -> str | None:

@@ -53,19 +53,19 @@ class EngineTargets:
     change; `refollow` lets a container's labels take over again once dqoesctl's target on
     its name is gone; `refused` lists the containers whose labels were refused."""
 
-    def __init__(self, watcher: Watcher | None, targets: Targets, rings: Rings,
-                 owner: Owner) -> None:
+    def __init__(self, watcher: Watcher | None, targets: Targets, rings: Rings) -> None:
         self.watcher = watcher
         self.targets = targets
         self.rings = rings
-        self._owner = owner
         self._seen: dict[str, Seen] = {}  # the engine's containers that concern us, by ID
         self._queue: dict[str, Seen | None] = {}  # changes not applied yet, by ID
         self._listed = False  # a listing is in the queue: sweep once it is applied
         self._no_room: dict[str, Seen] = {}  # refused for want of descriptors, as seen
 
-    def follow(self) -> None:
-        """Apply what the watcher saw change, for ENGINE_BUDGET_S of the tick at most."""
+    def follow(self, owner: Owner) -> None:
+        """Apply what the watcher saw change, for ENGINE_BUDGET_S of the tick at most.
+        (`owner` is passed at each call, not kept: a reference back to the controller
+        would delay freeing it, and closing its files, to the cycle collector.)"""
         self._take_changes()
         deadline = time.monotonic() + ENGINE_BUDGET_S
         for n, cid in enumerate(list(self._queue)):
@@ -76,29 +76,30 @@ class EngineTargets:
             old = self._seen.pop(cid, None)
             try:
                 if old is not None and (seen is None or seen.name != old.name):
-                    self._drop(old.name, "its container stopped" if seen is None
-                               else f"its container is now {seen.name}")
+                    why = "its container stopped" if seen is None else \
+                        f"its container is now {seen.name}"
+                    self._drop(owner, old.name, why)
                 if seen is not None:
                     self._seen[cid] = seen
-                    self._follow_seen(seen, old)
+                    self._follow_seen(owner, seen, old)
             except (TargetError, StateError) as e:
                 log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
             except Exception:  # the engine's answers are input: none may stop the loop
                 log.exception("container %s: following its change failed", cid[:12])
-        for cid in list(self._no_room)[:max(0, self._owner.room())]:  # where room was made
+        for cid in list(self._no_room)[:max(0, owner.room())]:  # tried where room was made
             self._queue.setdefault(cid, self._no_room.pop(cid))
         if self._listed and not self._queue:
             self._listed = False  # targets of a previous run whose containers are gone
             names = {s.name for s in self._seen.values()}
             for t in list(self.targets):
                 if t.source in ENGINE_SOURCES and t.name not in names:
-                    self._drop(t.name, "its container is gone")
+                    self._drop(owner, t.name, "its container is gone")
 
-    def refollow(self, name: str) -> None:
+    def refollow(self, owner: Owner, name: str) -> None:
         """dqoesctl's target on `name` is gone: its container's labels, if any, take over."""
         for seen in list(self._seen.values()):
             if seen.name == name:
-                self._follow_seen(seen)
+                self._follow_seen(owner, seen)
 
     def refused(self) -> list[Seen]:
         """The containers whose labels were refused, and that no target names."""
@@ -121,35 +122,35 @@ class EngineTargets:
         else:
             self._queue.update(changes.seen)
 
-    def _follow_seen(self, seen: Seen, old: Seen | None = None) -> None:
+    def _follow_seen(self, owner: Owner, seen: Seen, old: Seen | None = None) -> None:
         name, ring = seen.name, None if seen.ring is None else str(seen.ring)
         current = self.targets.find(name)
         if current is not None and current.source not in ENGINE_SOURCES:
             if ring is not None and current.ring != ring:  # dqoesctl's target, its own ring
-                self._drop(name, "", force=True)
+                self._drop(owner, name, "", force=True)
                 self._add(seen, current.objective, "cli", ring)
             return
         if seen.objective is not None and current is None \
-                and self._owner.room() <= 0:  # as set-target refuses one
+                and owner.room() <= 0:  # as set-target refuses one
             self._no_room[seen.id] = seen
-            seen = replace(seen, objective=None, error=self._owner.room_refusal())
+            seen = replace(seen, objective=None, error=owner.room_refusal())
             self._seen[seen.id] = seen
         if seen.objective is None:
             if seen.error and (old is None or old.error != seen.error):
                 log.warning("%s: labels refused, container left unmanaged: %s", name,
                             seen.error)
             if current is not None:
-                self._drop(name, seen.error or "its labels name no target")
+                self._drop(owner, name, seen.error or "its labels name no target")
             return
         o = seen.objective
         if current is not None and current.ring != ring:
-            self._drop(name, "its ring moved")
+            self._drop(owner, name, "its ring moved")
             current = None
         if current is None:
             self._add(seen, o, seen.source, ring)
             log.info("%s: %s from %s", name, o, _from(seen.source))
         elif (current.objective, current.source) != (o, seen.source):
-            self._owner.retarget(name, o, seen.source)
+            owner.retarget(name, o, seen.source)
             log.info("%s: now %s from %s", name, o, _from(seen.source))
         if current is not None and current.cgroup is None \
                 and not isinstance(seen.cgroup, CgroupError):
@@ -160,11 +161,11 @@ class EngineTargets:
                          (lambda: None) if ring else (lambda: self.rings.ensure(seen.name)),
                          ring=ring)
 
-    def _drop(self, name: str, why: str, force: bool = False) -> None:
+    def _drop(self, owner: Owner, name: str, why: str, force: bool = False) -> None:
         target = self.targets.find(name)
         if target is None or not (force or target.source in ENGINE_SOURCES):
             return
-        restored = self._owner.give_back(name)
+        restored = owner.give_back(name)
         if why:
             log.info("%s: target removed (%s)%s", name, why,
                      f"; cpu.max restored to '{restored}'" if restored else "")
