@@ -43,10 +43,11 @@ from bench.cgroups import FDS_PER_CONTAINER, Cgroups, tmpfs_dir
 from bench.timing import MIN_REPEATS, NotMeasured, Row, measure, summarize
 from dqoes_cg.config import Config
 from dqoes_cg.controller import FD_RESERVE, Controller
+from dqoes_cg.membership.objective import Target
 from dqoes_cg.policy import PolicyParams
 from dqoes_cg.probe import Probe
 from dqoes_cg.ring import ring_dir_name, ring_path
-from dqoes_cg.state import StateStore, Target
+from dqoes_cg.state import StateStore
 from lab.fakecg import CPU_STAT, write
 
 PART = "tick"

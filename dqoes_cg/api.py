@@ -23,9 +23,9 @@ from typing import Any
 
 from .control import Peer, RequestError
 from .controller import Controller
-from .labels import TRAINING_JOB, Objective
+from .membership.objective import DEFAULT_METRIC, TRAINING_JOB, Objective
+from .membership.targets import TargetError
 from .state import StateError
-from .targets import TargetError
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,9 @@ def _set_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
         if req.get("target_s") is not None or req.get("metric") is not None:
             raise RequestError("a training job has no target_s or metric")
     else:
-        objective = Objective(req.get("target_s"), req.get("metric", "p95"))
-    listed = c.set_target(name, objective.target_s, objective.metric, pending,
-                          kind=objective.kind)
-    log.info("%s: %s, set by uid %d", name, Objective(listed.target_s, listed.metric,
-                                                       objective.kind), peer.uid)
+        objective = Objective(req.get("target_s"), req.get("metric", DEFAULT_METRIC))
+    listed = c.set_target(name, objective, pending)
+    log.info("%s: %s, set by uid %d", name, objective, peer.uid)
     return listed.to_json()
 
 

@@ -1,5 +1,5 @@
-"""The controller: the tick that runs the bound containers, and the membership changes
-around it.
+"""The controller: the tick that runs the bound containers, and the request front that
+changes membership (dqoes_cg/membership/).
 
 One tick (every sample interval), for all bound containers at once:
 
@@ -12,8 +12,9 @@ One tick (every sample interval), for all bound containers at once:
     act     the actuator writes the limits that changed, in one C call (actuator.py)
 
 The per-tick path is C calls and numpy on preallocated per-slot arrays. Python work per
-container happens only when membership changes (targets.py): the fleet and the actuator
-are then rebuilt once, whatever the number of changes since the last. A target removed (or
+container happens only when membership changes (the bound set's version moves,
+membership/targets.py): the fleet and the actuator are then rebuilt once, whatever the
+number of changes since the last. A target removed (or
 a cgroup gone) is out of the tables at the next tick: nothing may be written to a cgroup
 given back. New targets join at the next tick too, unless rebuilding would then take more
 than REBUILD_SHARE of the loop's CPU time: a rebuild costs O(N), and paced so, adding a
@@ -21,19 +22,16 @@ target costs the same at any N (new targets wait a few ticks instead). Likewise 
 for pending containers, a walk of the whole cgroup tree off the loop, takes at most
 WALK_SHARE of a CPU, and a request never walks the tree for a pending name; and applying
 what the engine's containers did takes at most ENGINE_BUDGET_S of a tick (a burst of them
-joins over several ticks).
+joins over several ticks; membership/engine_targets.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import time
-from dataclasses import replace
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 
@@ -52,15 +50,17 @@ from .cgroup import (
 from .cgtable import FDS_PER_CGROUP, CgroupTable, open_file_limit
 from .config import Config
 from .fleet import Fleet
-from .labels import Objective
+from .membership.engine_targets import EngineTargets
+from .membership.objective import ENGINE_SOURCES, Objective, Target
+from .membership.rings import Rings
+from .membership.targets import Binder, ResolveMany, TargetError, Targets
 from .policy import Cls, Policy, make_policy
-from .ring import RingSet, create_ring, ring_dir_name, ring_path
+from .ring import RingSet
 from .snapshot import Counters, build
-from .state import ENGINE_SOURCES, INFERENCE, Originals, StateError, StateStore
+from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
-from .targets import Binder, ResolveMany, TargetError, Targets
-from .watcher import Seen, Watcher
+from .watcher import Watcher
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,6 @@ FD_RESERVE = 512
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
 REBUILD_SHARE = 0.2
 """At most this share of the loop's CPU time goes to rebuilds that only add targets."""
-ENGINE_BUDGET_S = 0.25
-"""Wall time a tick may spend applying changes of the engine's containers (one at least):
-each costs a state line written through to disk and a ring, 0.5 to 7 ms with the disk,
-and 10,000 containers arriving at once took one tick of 32 s, requests unanswered
-meanwhile; the rest wait for the next ticks."""
 WALK_SHARE = 0.1
 """At most this share of a CPU goes to looking for pending containers: each look is a walk
 of the whole cgroup tree (in the Binder's thread, but it holds the interpreter's lock)."""
@@ -91,16 +86,11 @@ class Controller:
         self.cpus = cfg.cpus or float(os.cpu_count() or 1)
         self.policy = policy or make_policy(cfg.policy, cfg.params)
         self.limiter = limiter
-        self.watcher = watcher
         self.acting = not cfg.recommend  # else recommend only: no cpu.max is written
-        self._seen: dict[str, Seen] = {}  # the engine's containers that concern us, by ID
-        self._engine_queue: dict[str, Seen | None] = {}  # changes not applied yet, by ID
-        self._engine_listed = False  # a listing is in the queue: sweep once it is applied
-        self._no_room: dict[str, Seen] = {}  # refused for want of descriptors, as seen
         self._resolve = resolve or partial(resolve_many, mount=self.mount, runtimes=runtimes)
         self.binder = Binder(self._resolve, threaded=threaded_binder)
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
-        self._rings: dict[str, Path] = {}
+        self.rings = Rings(cfg.run_dir, cfg.ring_capacity, self.targets)
         self.counters = Counters(interval=cfg.params.iv_initial)
         self._next_rebind = 0.0
         self.fd_limit = open_file_limit()
@@ -111,7 +101,8 @@ class Controller:
         self.targets.readopt()
         for t in self.targets:
             if t.ring is None:
-                self._ensure_ring(t.name)
+                self.rings.ensure(t.name)
+        self.engine_targets = EngineTargets(watcher, self.targets, self.rings)
         self.fleet: Fleet | None = None
         self.actuator: Actuator | None = None
         self._built = self._built_removed = -1
@@ -123,7 +114,7 @@ class Controller:
 
     def tick(self, now: float) -> None:
         self.counters.ticks += 1
-        self._follow_engine()  # first: a container that just started is sensed at once
+        self.engine_targets.follow(self)  # first: a container just started is sensed at once
         self._rebuild_if_changed(now)
         f = self.fleet
         if len(f) and f.sense(now):
@@ -168,7 +159,7 @@ class Controller:
         old_fleet, old_actuator = self.fleet, self.actuator
         table = CgroupTable([t.cgroup for t in bound],
                             adopt=old_fleet.table if old_fleet else None)
-        rings = RingSet([self.ring(t.name) for t in bound], self.cfg.ring_capacity,
+        rings = RingSet([self.rings.path(t.name) for t in bound], self.cfg.ring_capacity,
                         adopt=old_fleet.rings if old_fleet else None)
         self.actuator = Actuator(
             table, [t.name for t in bound],
@@ -209,159 +200,41 @@ class Controller:
             except StateError as e:
                 log.error("cannot record new bindings: %s", e)
 
-    def ring(self, name: str) -> Path:
-        """The ring of target `name`: its volume's, or its own under the run directory (that
-        path kept while it is a target: paths cost a rebuild and a status most of their time
-        otherwise)."""
-        target = self.targets.find(name)
-        if target is not None and target.ring is not None:
-            return Path(target.ring)
-        path = self._rings.get(name)
-        if path is None:
-            path = ring_path(self.cfg.run_dir, ring_dir_name(name))
-            if target is not None:
-                self._rings[name] = path
-        return path
-
-    def _ensure_ring(self, name: str) -> Path:
-        path = self.ring(name)
-        if not path.is_file() or path.is_symlink():
-            try:
-                create_ring(path, self.cfg.ring_capacity)
-            except OSError as e:
-                raise TargetError(f"cannot create the ring for {name}: {e}") from None
-        return path
-
-    # --- targets from the container engine's labels -------------------------------------
-
-    def _follow_engine(self) -> None:
-        """Apply what the watcher saw change, for ENGINE_BUDGET_S of the tick at most:
-        targets of containers with labels come, change and go with them (a target set by
-        dqoesctl on the same name wins)."""
-        self._queue_engine_changes()
-        deadline = time.monotonic() + ENGINE_BUDGET_S
-        for n, cid in enumerate(list(self._engine_queue)):
-            if n and time.monotonic() > deadline:
-                break
-            seen = self._engine_queue.pop(cid)
-            self._no_room.pop(cid, None)  # this change is newer
-            old = self._seen.pop(cid, None)
-            try:
-                if old is not None and (seen is None or seen.name != old.name):
-                    self._drop_engine_target(old.name, "its container stopped" if seen is None
-                                             else f"its container is now {seen.name}")
-                if seen is not None:
-                    self._seen[cid] = seen
-                    self._follow_seen(seen, old)
-            except (TargetError, StateError) as e:
-                log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
-            except Exception:  # the engine's answers are input: none may stop the loop
-                log.exception("container %s: following its change failed", cid[:12])
-        room = self.max_targets - len(self.targets)
-        for cid in list(self._no_room)[:max(0, room)]:  # tried again where room was made
-            self._engine_queue.setdefault(cid, self._no_room.pop(cid))
-        if self._engine_listed and not self._engine_queue:
-            self._engine_listed = False  # targets of a previous run whose containers are gone
-            names = {s.name for s in self._seen.values()}
-            for t in list(self.targets):
-                if t.source in ENGINE_SOURCES and t.name not in names:
-                    self._drop_engine_target(t.name, "its container is gone")
-
-    def _queue_engine_changes(self) -> None:
-        changes = self.watcher.take() if self.watcher is not None else None
-        if changes is None:
-            return
-        if changes.listed:  # it supersedes the queue; whatever it does not name is gone
-            for cid in set(self._seen) - set(changes.seen):
-                changes.seen[cid] = None
-            self._engine_queue, self._engine_listed = changes.seen, True
-        else:
-            self._engine_queue.update(changes.seen)
-
-    def _follow_seen(self, seen: Seen, old: Seen | None = None) -> None:
-        name, ring = seen.name, None if seen.ring is None else str(seen.ring)
-        current = self.targets.find(name)
-        if current is not None and current.source not in ENGINE_SOURCES:
-            if ring is not None and current.ring != ring:  # dqoesctl's target, its own ring
-                self._drop_engine_target(name, "", force=True)
-                self._add_engine_target(
-                    seen, Objective(current.target_s, current.metric, current.kind), "cli", ring)
-            return
-        if seen.objective is not None and current is None \
-                and len(self.targets) >= self.max_targets:  # as set-target refuses one
-            self._no_room[seen.id] = seen
-            seen = replace(seen, objective=None, error=self._room_refusal())
-            self._seen[seen.id] = seen
-        if seen.objective is None:
-            if seen.error and (old is None or old.error != seen.error):
-                log.warning("%s: labels refused, container left unmanaged: %s", name,
-                            seen.error)
-            if current is not None:
-                self._drop_engine_target(name, seen.error or "its labels name no target")
-            return
-        o = seen.objective
-        if current is not None and current.ring != ring:
-            self._drop_engine_target(name, "its ring moved")
-            current = None
-        if current is None:
-            self._add_engine_target(seen, o, seen.source, ring)
-            log.info("%s: %s from %s", name, o,
-                     "its service's labels" if seen.source == "service" else "its labels")
-        elif (current.target_s, current.metric, current.kind, current.source) != (
-                o.target_s, o.metric, o.kind, seen.source):
-            self.targets.change(name, o.target_s, o.metric, seen.source, o.kind)
-            if name in self.fleet.slot:
-                self.fleet.set_target(name, o.target_s, o.metric, o.kind)
-            self.policy.reset()
-            log.info("%s: now %s from %s", name, o,
-                     "its service's labels" if seen.source == "service" else "its labels")
-        if current is not None and current.cgroup is None \
-                and not isinstance(seen.cgroup, CgroupError):
-            self.targets.bind({name: seen.cgroup})
-
-    def _add_engine_target(self, seen: Seen, o: Objective, source: str,
-                           ring: str | None) -> None:
-        self.targets.add(seen.name, o.target_s, o.metric, seen.cgroup, True, source,
-                         (lambda: None) if ring else (lambda: self._ensure_ring(seen.name)),
-                         ring=ring, kind=o.kind)
-
-    def _drop_engine_target(self, name: str, why: str, force: bool = False) -> None:
-        target = self.targets.find(name)
-        if target is None or not (force or target.source in ENGINE_SOURCES):
-            return
-        restored = self._unset(name)
-        if why:
-            log.info("%s: target removed (%s)%s", name, why,
-                     f"; cpu.max restored to '{restored}'" if restored else "")
-
     def push_service_labels(self, service_id: str, labels: dict[str, str] | None) -> None:
         """A Swarm service's labels, from whoever knows them (see watcher.py)."""
-        if self.watcher is None:
-            raise TargetError("dqoesd follows no container engine (--engine-socket)")
-        self.watcher.push_service_labels(service_id, labels)
+        self.engine_targets.push_service_labels(service_id, labels)
 
     # --- requests ----------------------------------------------------------------------
 
-    def set_target(self, name: str, target_s: float | None, metric: str | None,
-                   pending: bool, source: str = "cli", kind: str = INFERENCE) -> Listing:
-        """Give a container a target (or a new one), or make it a training job (`kind`: no
-        target nor metric). TargetError or StateError: nothing changed. The policy runs
+    def set_target(self, name: str, objective: Objective, pending: bool,
+                   source: str = "cli") -> Listing:
+        """Give a container an objective (or a new one): a latency target, or none for a
+        training job. TargetError or StateError: nothing changed. The policy runs
         again at once for a new objective; a new target makes it run when it joins the
         tables (a rebuild resets the policy), not at every request of a stream of them."""
         if name in self.targets:
-            target = self.targets.change(name, target_s, metric, source, kind)
-            if name in self.fleet.slot:
-                self.fleet.set_target(name, target.target_s, target.metric, target.kind)
-                self.policy.reset()
+            self.retarget(name, objective, source)
         else:
-            if len(self.targets) >= self.max_targets:
-                raise TargetError(self._room_refusal())
-            target = self.targets.add(name, target_s, metric, self._find(name, pending),
-                                      pending, source, lambda: self._ensure_ring(name),
-                                      kind=kind)
+            if self.room() <= 0:
+                raise TargetError(self.room_refusal())
+            self.targets.add(name, objective, self._find(name, pending), pending, source,
+                             lambda: self.rings.ensure(name))
         return self.describe(name)
 
-    def _room_refusal(self) -> str:
+    def retarget(self, name: str, objective: Objective, source: str) -> Target:
+        """Give an existing target a new objective (TargetError or StateError: nothing
+        changed); a bound one's is in force at the next decision, which comes at once."""
+        target = self.targets.change(name, objective, source)
+        if name in self.fleet.slot:
+            self.fleet.set_target(name, target.objective)
+            self.policy.reset()
+        return target
+
+    def room(self) -> int:
+        """How many more targets the open-file limit holds."""
+        return self.max_targets - len(self.targets)
+
+    def room_refusal(self) -> str:
         """Why no target can be added: the open-file limit holds no more."""
         return (f"no room for more than {self.max_targets:,} targets: each holds "
                 f"{FDS_PER_TARGET} open files, and the open-file limit is "
@@ -387,28 +260,21 @@ class Controller:
             where = "its service's labels" if target.source == "service" else "its labels"
             raise TargetError(f"the target of {name} comes from {where}: remove the label "
                               "dqoes.target to unset it")
-        restored = self._unset(name)
-        for seen in list(self._seen.values()):
-            if seen.name == name:
-                self._follow_seen(seen)
+        restored = self.give_back(name)
+        self.engine_targets.refollow(self, name)
         return restored
 
-    def _unset(self, name: str) -> str | None:
+    def give_back(self, name: str) -> str | None:
+        """Remove a target, giving its container's limit back (returned; None: never
+        written), and its own ring."""
         restored = None
         i = self.fleet.slot.get(name)
         if i is not None and self.fleet.table.dirs[i].is_dir():  # not a gone container
             mask = np.zeros(len(self.fleet), bool)
             mask[i] = True
             restored = self.actuator.restore(mask)[0]
-        own_ring = self.targets.get(name).ring is None
-        ring = self.ring(name)
-        self.targets.unset(name)
-        self._rings.pop(name, None)
+        self.rings.remove(self.targets.unset(name))
         self.policy.reset()
-        if own_ring:  # a volume's ring is the volume driver's
-            with contextlib.suppress(OSError):  # a container still has it open: harmless
-                ring.unlink()
-                ring.parent.rmdir()
         return restored
 
     def set_acting(self, acting: bool) -> bool:
@@ -429,19 +295,19 @@ class Controller:
 
     def describe(self, name: str) -> Listing:
         t = self.targets.get(name)
-        return listing(t, str(self.ring(name)), self.targets.reasons.get(name))
+        return listing(t, str(self.rings.path(name)), self.targets.reasons.get(name))
 
     def listings(self) -> list[Listing]:
         invalid = [refused(s.name, s.source,
                            s.cgroup.path.as_posix() if not isinstance(s.cgroup, CgroupError)
-                           else None, str(s.ring or self.ring(s.name)), s.error)
-                   for s in self._seen.values() if s.error and s.name not in self.targets]
+                           else None, str(s.ring or self.rings.path(s.name)), s.error)
+                   for s in self.engine_targets.refused()]
         return [self.describe(t.name) for t in self.targets] + invalid
 
     def status(self, only: str | None = None) -> Status:
         targets = [self.targets.get(only)] if only is not None else list(self.targets)
         systemd = (self.limiter.sent, self.limiter.failed) if self.limiter else (0, 0)
-        return build(targets, {t.name: str(self.ring(t.name)) for t in targets},
+        return build(targets, {t.name: str(self.rings.path(t.name)) for t in targets},
                      self.targets.reasons, self.fleet, self.actuator, self.counters,
                      self.policy.name, self.cpus, systemd, self.cfg.params.alpha)
 

@@ -31,8 +31,8 @@ from .cluster.show import format_cluster
 from .cluster.view import ClusterView
 from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
+from .membership.objective import DEFAULT_METRIC, METRICS, TRAINING
 from .paths import DEFAULT_SOCKET, MANAGER_SOCKET
-from .state import METRICS, TRAINING
 from .status import Listing, Status
 from .table import format_table
 
@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("container")
     s.add_argument("target", nargs="?", help="e.g. 250us, 40ms, 1.5s (not with --training)")
     s.add_argument("--metric", choices=METRICS,
-                   help="latency statistic compared with the target (default p95)")
+                   help=f"latency statistic compared with the target (default {DEFAULT_METRIC})")
     s.add_argument("--pending", action="store_true",
                    help="accept a container that does not exist yet; bind it when it appears")
     s.add_argument("--training", action="store_true",
@@ -159,7 +159,7 @@ def _set_target(args: argparse.Namespace) -> dict[str, Any]:
     if args.target is None:
         raise ValueError("set-target needs a TARGET (or --training)")
     return request(args.socket, "set-target", container=args.container,
-                   target_s=parse_duration(args.target), metric=args.metric or "p95",
+                   target_s=parse_duration(args.target), metric=args.metric or DEFAULT_METRIC,
                    pending=args.pending)
 
 

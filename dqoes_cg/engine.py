@@ -5,7 +5,8 @@ update, with bounded reads and timeouts of their own, which is less code than ad
 client library (and no dependency).
 
 Replies are parsed into small typed records (`Container`); what a container's creator
-wrote (its name, its labels) is kept as strings, bounded, and judged elsewhere (labels.py).
+wrote (its name, its labels) is kept as strings, bounded, and judged elsewhere
+(membership/labels.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .labels import KNOWN, PREFIX
+from .membership.labels import KNOWN, PREFIX
 
 API = "/v1.41"  # Docker 20.10's; Docker's later engines and Podman's compatible API accept it
 DOCKER_SOCKET = Path("/run/docker.sock")
@@ -30,7 +31,7 @@ TIMEOUT_S = 10.0
 MAX_REPLY = 64 << 20  # a listing of thousands of containers is a few MB
 MAX_EVENT = 1 << 20  # one event line
 MAX_LABELS = len(KNOWN) + 1  # `dqoes.` labels kept per container or service: one unknown
-MAX_LABEL_CHARS = 256  # of a `dqoes.` label's key or value kept (labels.py reads 64)
+MAX_LABEL_CHARS = 256  # of a `dqoes.` label's key or value kept (membership/labels.py reads 64)
 MAX_OTHER_CHARS = 4096  # of another label's value kept (a list of node IDs)
 SERVICE_ID = "com.docker.swarm.service.id"  # a label of every task container of a service
 # The names Docker and Podman accept (bounded: they set no limit); a name is hostile input
@@ -106,7 +107,7 @@ def parse_labels(value: Any, also: tuple[str, ...] = (SERVICE_ID,)) -> dict[str,
     """The labels dqoes-cg reads, as a dict of strings (null: none): the `dqoes.` ones (at
     most MAX_LABELS), and the keys in `also`; no other label is kept, whatever their number
     and size. A `dqoes.` key or value longer than MAX_LABEL_CHARS is cut to it, never
-    dropped: it is then longer than any that labels.py accepts, so the container is
+    dropped: it is then longer than any that membership/labels.py accepts, so the container is
     refused with a reason, as it is for the surplus (MAX_LABELS `dqoes.` keys hold an
     unknown one)."""
     if not isinstance(value, dict):

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .cgtable import CgroupTable, Status
+from .membership.objective import TRAINING, Objective, Target
 from .policy import Cls, Decision, Observation
-from .ring import RingSet, WindowStats
-from .state import METRICS, TRAINING, Target
+from .ring import STATS, RingSet, WindowStats
 
 # numpy compares an array with a plain int several times faster than with an IntEnum member
 OK, GONE, SKIPPED = int(Status.OK), int(Status.GONE), int(Status.SKIPPED)
@@ -60,7 +60,7 @@ class Fleet:
         self._any_training = bool(self.training.any())
         self.target_s = np.array([np.nan if t.target_s is None else t.target_s
                                   for t in targets], dtype=np.float64)
-        self.metric = np.array([_metric_row(t.metric) for t in targets], dtype=np.intp)
+        self.metric = np.array([metric_row(t.metric) for t in targets], dtype=np.intp)
         self.metric_index = self.metric * n + np.arange(n)  # into the rings' stats rows
         # Per decision window (the policy's inputs and outputs, shown by status).
         self.measured = np.full(n, np.nan)
@@ -131,14 +131,13 @@ class Fleet:
     def __len__(self) -> int:
         return len(self.names)
 
-    def set_target(self, name: str, target_s: float | None, metric: str | None,
-                   kind: str) -> None:
+    def set_target(self, name: str, objective: Objective) -> None:
         """A bound container's objective (or kind) changed."""
-        i = self.slot[name]
-        self.training[i] = kind == TRAINING
+        i, o = self.slot[name], objective
+        self.training[i] = o.kind == TRAINING
         self._any_training = bool(self.training.any())
-        self.target_s[i] = np.nan if target_s is None else target_s
-        self.metric[i] = _metric_row(metric)
+        self.target_s[i] = np.nan if o.target_s is None else o.target_s
+        self.metric[i] = metric_row(o.metric)
         self.metric_index[i] = self.metric[i] * len(self) + i
 
     def sense(self, now: float) -> bool:
@@ -259,7 +258,7 @@ class Fleet:
         self.rings.close()
 
 
-def _metric_row(metric: str | None) -> int:
-    """The row of a latency statistic in the rings' stats (any for a training job, which
-    has no latency target)."""
-    return 0 if metric is None else METRICS.index(metric)
+def metric_row(metric: str | None) -> int:
+    """The row of a latency statistic in the rings' stats, found by its name there (any
+    for a training job, which has no latency target)."""
+    return 0 if metric is None else STATS.index(metric)

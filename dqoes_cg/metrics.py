@@ -45,7 +45,7 @@ from prometheus_client.exposition import (
 )
 from prometheus_client.registry import Collector
 
-from .state import TRAINING
+from .membership.objective import TRAINING
 from .status import CLASSES, Status
 
 log = logging.getLogger(__name__)

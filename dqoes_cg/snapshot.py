@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .membership.objective import TRAINING, Target
 from .policy import Cls
-from .state import TRAINING, Target
 from .status import CLASSES, ContainerStatus, HostStatus, Status
 
 if TYPE_CHECKING:

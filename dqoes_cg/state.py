@@ -1,5 +1,6 @@
-"""The daemon's persistent state: its targets, the cgroups they are bound to, and the limits
-it must give back.
+"""The daemon's persistent state, the journal of membership: its targets (Target,
+membership/objective.py), the cgroups they are bound to, and the limits it must give back.
+It stores what membership/targets.py decides.
 
 Two files under --state-dir:
 
@@ -26,47 +27,25 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from .membership.objective import SOURCES, Target, check_target
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 4
 # version 1: no log, no source, no cgroup identity; 2: no kind; 3: no original_weight
 READABLE_VERSIONS = (1, 2, 3, 4)
-METRICS = ("mean", "p50", "p90", "p95", "p99")
-INFERENCE, TRAINING = KINDS = ("inference", "training")
-SOURCES = ("cli", "label", "service")
-ENGINE_SOURCES = ("label", "service")  # targets that follow the container engine
-MAX_TARGET_S = 3600.0
 COMPACT_MIN_LINES = 256
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 class StateError(Exception):
     """The state could not be written; nothing was changed. A one-line message."""
-
-
-@dataclass
-class Target:
-    name: str  # the container as the user named it; the key
-    target_s: float | None  # QoE objective o_i, seconds; None for a training job
-    metric: str | None  # which window statistic is p_i; None for a training job
-    # who set it: dqoesctl ("cli"), the container's labels ("label") or its Swarm service's
-    # ("service")
-    source: str = "cli"
-    cgroup: str | None = None  # bound cgroup directory, None while pending
-    cgroup_id: str | None = None  # "<boot id>:<inode>" of that directory
-    original_max: str | None = None  # cpu.max before our first write; None: never written
-    ring: str | None = None  # its ring when not RUN_DIR/rings/<name>/ring: its volume's
-    # an inference service (a latency target, the daemon's --policy) or a training job (no
-    # target: FlowCon, by the progress it reports)
-    kind: str = INFERENCE
-    original_weight: int | None = None  # cpu.weight before our first write; None: never written
 
 
 class Originals(NamedTuple):
@@ -78,25 +57,6 @@ class Originals(NamedTuple):
 
 
 _TARGET_FIELDS = frozenset(f.name for f in fields(Target))
-
-
-def check_target(target_s: Any, metric: Any, kind: Any = INFERENCE) -> None:
-    """Raise ValueError unless (target, metric) is something the controller can pursue: a
-    latency target for an inference service, none for a training job."""
-    if kind == TRAINING:
-        if target_s is not None or metric is not None:
-            raise ValueError("a training job has no latency target or metric")
-        return
-    if kind != INFERENCE:
-        raise ValueError(f"unknown kind {kind!r:.40} (one of {', '.join(KINDS)})")
-    if not isinstance(target_s, (int, float)) or isinstance(target_s, bool):
-        raise ValueError("target must be a number of seconds")
-    if not math.isfinite(target_s) or target_s <= 0:
-        raise ValueError("target must be a positive duration")
-    if target_s > MAX_TARGET_S:
-        raise ValueError(f"target must be at most {MAX_TARGET_S:.0f} s")
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
 
 
 def cgroup_identity(path: str | os.PathLike[str]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from .state import INFERENCE, Target
+from .membership.objective import INFERENCE, Target
 
 CLASSES = ("G", "S", "B", "idle", "pending", "NL", "WL", "CL")
 """The classes a container can show: an inference service's (G, S, B, idle: no requests in

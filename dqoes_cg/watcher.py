@@ -29,7 +29,8 @@ from pathlib import Path
 
 from .cgroup import CgroupError, Resolved
 from .engine import Container, Engine, EngineError, EventStream, check_container_name
-from .labels import Objective, effective, objective, ours
+from .membership.labels import effective, objective, ours
+from .membership.objective import Objective
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import pytest
 
 from dqoes_cg.cluster import managerd
 from dqoes_cg.cluster.manager import PLACEMENTS, Manager
+from dqoes_cg.cluster.placement import PlacementParams
 from dqoes_cg.cluster.protocol import ContainerReport, Report
 from dqoes_cg.cluster.qoe_placement import QoEPlacement
 from dqoes_cg.cluster.show import format_cluster
 from dqoes_cg.cluster.swarmapi import AVOID_LABEL, PAUSED_LABEL
-from dqoes_cg.placement import PlacementParams
 from tests.fakeswarm import StubEngine, node_doc, service_doc, task_doc
 from tests.swarmca import swarm_id
 

@@ -23,12 +23,14 @@ from dqoes_cg.config import Config
 from dqoes_cg.control import Peer, RequestError
 from dqoes_cg.controller import Controller
 from dqoes_cg.ctl import format_status
-from dqoes_cg.fleet import Fleet
+from dqoes_cg.fleet import Fleet, metric_row
+from dqoes_cg.membership.objective import METRICS, Objective
+from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import Decision, Observation
+from dqoes_cg.ring import STATS
 from dqoes_cg.snapshot import expected_class
 from dqoes_cg.state import StateError, StateStore
-from dqoes_cg.targets import TargetError
 from lab.fakecg import make_cgroup, write
 
 ORIGINAL = "150000 100000"
@@ -132,8 +134,8 @@ def test_original_is_journalled_before_the_first_write_and_given_back_on_unset(
         host: Host) -> None:
     a, b = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     assert host.state()[a]["original_max"] is None  # nothing written yet
     c.tick(time.monotonic())
     assert _cpu_max(host.a) == _cpu_max(host.b) == "50000 100000"  # 0.25 of 2 CPUs
@@ -150,7 +152,7 @@ def test_original_is_journalled_before_the_first_write_and_given_back_on_unset(
 def test_no_write_without_a_saved_original(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     a, _ = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
 
     def full(*args: object) -> None:
         raise StateError("cannot write the state log: No space left on device")
@@ -169,8 +171,8 @@ def test_a_crash_keeps_the_limits_and_a_new_daemon_re_adopts_them(
         host: Host, caplog: pytest.LogCaptureFixture) -> None:
     a, b = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     # A crash: no shutdown, the limits stay in force.
     host.policy.limit = 0.5
@@ -197,8 +199,8 @@ def test_recommending_writes_no_cpu_max(host: Host) -> None:
     a, b = _names(host)
     before = _writes(host)
     c = host.controller(recommend=True)
-    c.set_target(a, 0.1, "mean", False)
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     now = time.monotonic()
     for k in range(5):
         c.tick(now + k)
@@ -217,8 +219,8 @@ def test_act_and_recommend_switch_without_a_restart(host: Host) -> None:
     gives back the originals, and then nothing is written."""
     a, b = _names(host)
     c = host.controller(recommend=True)
-    c.set_target(a, 0.1, "mean", False)
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     now = time.monotonic()
     c.tick(now)
     assert {"act", "recommend"} <= api.WRITE_OPS  # root's, or the control group's
@@ -251,7 +253,7 @@ def test_a_cgroup_re_created_while_down_is_not_given_the_old_original(any_host: 
     host = any_host
     a, _ = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     assert host.state()[a]["original_max"] == ORIGINAL
     # Down (a crash); the container is removed and a new one made under the same path.
@@ -270,6 +272,12 @@ def _pressure(cgroup: Path, total_usec: int | str) -> None:
                                    "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
 
 
+def test_each_metric_reads_the_ring_statistic_of_its_name() -> None:
+    """A target's metric picks the row of the rings' stats named like it, whatever the
+    order of the two tuples."""
+    assert {m: STATS[metric_row(m)] for m in METRICS} == {m: m for m in METRICS}
+
+
 def _wanting(fleet: Fleet, wanted: list[bool]) -> None:
     """The policy's decision at the end of a window: pressure wanted over the next one."""
     n = len(fleet)
@@ -281,8 +289,8 @@ def _both_targeted(host: Host) -> tuple[Controller, str, str]:
     """A controller with a target on both containers, after its first tick."""
     a, b = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     return c, a, b
 
@@ -353,14 +361,14 @@ def test_pressure_wanted_follows_a_container_across_a_membership_change(
     a, b = _names(host)
     policy = QuietPolicy()
     c = host.controller(policy)
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     f = c.fleet
     start = f.window_start[0]
     _wanting(f, [False])
     f.observe_window(start + 1.0)  # a not read at this window's end, nor wanted over the next
     policy.is_due = False
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     c.tick(start + 1.5)  # a new fleet (which reads every cgroup), no decision
     g = c.fleet
     assert g is not f and len(g) == 2
@@ -380,7 +388,7 @@ def test_foreign_writes_are_seen_before_our_next_write_and_at_reconcile(
         host: Host, caplog: pytest.LogCaptureFixture) -> None:
     a, _ = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     # Someone writes over our limit, and our next decision changes it before a reconcile:
     # the write of ours still finds theirs.
@@ -400,7 +408,7 @@ def test_a_fight_is_left_to_the_other_writer(any_host: Host,
     host = any_host
     a, _ = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     now = time.monotonic()
     c.tick(now)
     for k in range(3):  # rewritten three times within seconds: a fight
@@ -432,7 +440,7 @@ def test_a_fight_is_left_to_the_other_writer(any_host: Host,
 def test_a_contested_container_is_not_restored_over_the_other_writer(host: Host) -> None:
     a, _ = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     now = time.monotonic()
     c.tick(now)
     for k in range(3):
@@ -446,9 +454,9 @@ def test_names_that_can_never_be_valid_are_refused_even_pending(host: Host) -> N
     c = host.controller()
     for name in ("../../etc", "rel7/../../etc", "/"):
         with pytest.raises(TargetError):
-            c.set_target(name, 0.1, "mean", True)
+            c.set_target(name, Objective(0.1, "mean"), True)
     assert not c.listings()
-    c.set_target("not-yet-there", 0.1, "mean", True)  # may appear later: pending
+    c.set_target("not-yet-there", Objective(0.1, "mean"), True)  # may appear later: pending
     assert [t.state for t in c.listings()] == ["pending"]
     c.shutdown()
 
@@ -456,7 +464,7 @@ def test_names_that_can_never_be_valid_are_refused_even_pending(host: Host) -> N
 def test_a_failed_save_changes_nothing(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     before = os.listdir(host.tmp / "state")
 
     def full(*args: object) -> None:
@@ -464,9 +472,9 @@ def test_a_failed_save_changes_nothing(host: Host, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(StateStore, "put", full)
     with pytest.raises(StateError, match="No space left"):
-        c.set_target(b, 0.1, "mean", False)
+        c.set_target(b, Objective(0.1, "mean"), False)
     with pytest.raises(StateError):
-        c.set_target(a, 0.5, "mean", False)
+        c.set_target(a, Objective(0.5, "mean"), False)
     # Through the request API: the disk's error in one line, not "internal error".
     with pytest.raises(RequestError, match=r"^cannot write the state log: No space left"):
         api.handle(c, "set-target", {"container": b, "target_s": 0.1, "metric": "mean"},
@@ -486,7 +494,7 @@ def test_requests_cost_does_not_grow_with_the_number_of_targets(tmp_path: Path) 
         make_cgroup(host.mount, name)
     c = host.controller()
     for name in names:
-        c.set_target(name, 0.1, "mean", False)
+        c.set_target(name, Objective(0.1, "mean"), False)
     log = (tmp_path / "state" / "state.log").read_bytes().splitlines()
     snapshot = json.loads((tmp_path / "state" / "state.json").read_text())
     assert len(log) + len(snapshot["targets"]) >= len(names)  # compacted now and then
@@ -503,7 +511,7 @@ def test_a_limit_that_moved_less_than_the_dead_band_is_not_written(any_host: Hos
     host = any_host
     a, _ = _names(host)
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     c.tick(time.monotonic())
     assert _cpu_max(host.a) == "50000 100000"

@@ -1,4 +1,5 @@
-"""Targets from a container engine's labels, in the controller (controller.py), on a fake
+"""Targets from a container engine's labels (membership/engine_targets.py), driven by the
+controller's tick, on a fake
 cgroup tree with a stand-in watcher: they come and go with their containers, dqoesctl's
 target wins, refused labels are listed and change nothing, a full listing drops what is
 gone (a restart of dqoesd or of the engine)."""
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import CgroupError, Kind, Resolved
-from dqoes_cg.labels import Objective
-from dqoes_cg.targets import TargetError
+from dqoes_cg.membership import engine_targets
+from dqoes_cg.membership.objective import Objective
+from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.watcher import Changes, Seen
 from lab.fakecg import make_cgroup
 from tests.test_controller import ORIGINAL, Host, _cpu_max
@@ -52,7 +53,7 @@ def host(tmp_path: Path) -> Host:
 
 def controller(host: Host, watcher: StubWatcher):
     c = host.controller()
-    c.watcher = watcher
+    c.engine_targets.watcher = watcher
     return c
 
 
@@ -99,14 +100,15 @@ def test_dqoesctl_wins_and_the_labels_come_back_after_unset(host: Host) -> None:
     c = controller(host, w)
     w.report(seen(host, A, "web", target=0.1), listed=True)
     c.tick(time.monotonic())
-    c.set_target("web", 0.3, "p99", False)
+    c.set_target("web", Objective(0.3, "p99"), False)
     w.report(seen(host, A, "web", target=0.2))  # a label change does not override it
     c.tick(time.monotonic())
     assert (c.targets.get("web").target_s, c.targets.get("web").source) == (0.3, "cli")
     w.report(seen(host, B, "other"))
     c.tick(time.monotonic())
     with pytest.raises(TargetError, match=r"already managed as 'other' \(by its labels\)"):
-        c.set_target("docker/" + B, 0.1, "mean", False)  # the same container, by its path
+        # the same container, by its path
+        c.set_target("docker/" + B, Objective(0.1, "mean"), False)
     c.unset_target("web")
     assert (c.targets.get("web").target_s, c.targets.get("web").source) == (0.2, "label")
     c.shutdown()
@@ -156,7 +158,7 @@ def test_service_labels_pushed_through_the_control_api(host: Host) -> None:
         with pytest.raises(RequestError):
             api.handle(c, "service-labels", bad, root)
     assert api.OPERATIONS["service-labels"].write
-    c.watcher = None
+    c.engine_targets.watcher = None
     with pytest.raises(RequestError, match="follows no container engine"):
         api.handle(c, "service-labels", {"service_id": "a", "labels": None}, root)
     c.shutdown()
@@ -189,7 +191,7 @@ def test_labels_get_no_more_targets_than_the_descriptors_hold(
     c.tick(time.monotonic())
     assert "db" not in c.targets and caplog.text.count("db: labels refused") == 1
     with pytest.raises(TargetError, match="no room for more than 1 targets"):
-        c.set_target("other", 0.1, "mean", True)
+        c.set_target("other", Objective(0.1, "mean"), True)
     w.report((A, None))  # web stops: db takes the room it leaves
     for _ in range(2):
         c.tick(time.monotonic())
@@ -201,10 +203,10 @@ def test_a_burst_of_containers_joins_over_several_ticks(
         host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
     """So that requests are answered between ticks during a burst; a listing's sweep of the
     targets whose containers are gone waits until the whole listing is applied."""
-    monkeypatch.setattr(controller_module, "ENGINE_BUDGET_S", -1.0)  # one a tick
+    monkeypatch.setattr(engine_targets, "ENGINE_BUDGET_S", -1.0)  # one a tick
     w = StubWatcher()
     c = controller(host, w)
-    c.set_target("old", 0.1, "mean", True, source="label")  # of a previous run
+    c.set_target("old", Objective(0.1, "mean"), True, source="label")  # of a previous run
     ids = [f"{i:x}" * 64 for i in range(3, 8)]
     for cid in ids:
         make_cgroup(host.mount, "docker/" + cid)

@@ -1,10 +1,11 @@
-"""Labels as targets (labels.py): what a container's creator writes is hostile input."""
+"""Labels as targets (membership/labels.py): what a container's creator writes is hostile input."""
 
 from __future__ import annotations
 
 import pytest
 
-from dqoes_cg.labels import Objective, effective, objective
+from dqoes_cg.membership.labels import effective, objective
+from dqoes_cg.membership.objective import Objective
 
 
 def test_a_target_and_a_metric() -> None:

@@ -1,4 +1,4 @@
-"""The placement decision (dqoes_cg.placement) on hand-made cluster views: what a node
+"""The placement decision (dqoes_cg.cluster.placement) on hand-made cluster views: what a node
 admits, when a stuck task moves and where, the hysteresis, the cap on moves, the services it
 never touches, and when nodes close to new tasks and open again."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dqoes_cg.placement import (
+from dqoes_cg.cluster.placement import (
     Availability,
     ClusterView,
     Load,

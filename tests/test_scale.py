@@ -27,8 +27,9 @@ from dqoes_cg.cgroup import resolve_many
 from dqoes_cg.config import Config
 from dqoes_cg.control import ControlServer, Peer, request
 from dqoes_cg.controller import FD_RESERVE, FDS_PER_TARGET, REBUILD_SHARE, WALK_SHARE
+from dqoes_cg.membership.objective import Objective
+from dqoes_cg.membership.targets import ResolveMany, TargetError
 from dqoes_cg.policy import Decision, Observation
-from dqoes_cg.targets import ResolveMany, TargetError
 from lab.fakecg import make_cgroup
 from tests.test_controller import FixedPolicy, Host
 
@@ -62,13 +63,13 @@ def test_new_targets_join_in_batches_when_a_rebuild_is_expensive(
     a, b = "docker/" + "a" * 64, "docker/" + "b" * 64
     c = host.controller()  # its first rebuild "costs" 2 s of CPU
     wait = round(expensive * (1 / REBUILD_SHARE - 1) / c.cfg.sample_interval)
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     for _ in range(wait - 1):
         c.tick(time.monotonic())
         assert c.fleet.names == []  # rebuilding now would exceed its share
     c.tick(time.monotonic())
     assert c.fleet.names == [a]
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     assert c.fleet.names == [a]  # b waits for its batch
     # A removal does not wait: nothing may be written to a cgroup given back. b joins with it.
@@ -106,14 +107,14 @@ def test_a_stream_of_new_targets_does_not_make_the_policy_run_at_every_tick(
         host: Host, expensive: float) -> None:
     policy = OnDemandPolicy()
     c = host.controller(policy)
-    c.set_target("docker/" + "a" * 64, 0.1, "mean", False)
+    c.set_target("docker/" + "a" * 64, Objective(0.1, "mean"), False)
     for k in range(16):  # a new target every tick; they join every 8 ticks
         make_cgroup(host.mount, f"docker/c{k:03d}")
-        c.set_target(f"docker/c{k:03d}", 0.1, "mean", False)
+        c.set_target(f"docker/c{k:03d}", Objective(0.1, "mean"), False)
         c.tick(time.monotonic())
     assert len(c.fleet) > 1
     assert policy.rounds <= 3  # when they joined, not 16 times
-    c.set_target("docker/" + "a" * 64, 0.2, "mean", False)  # a new objective: at once
+    c.set_target("docker/" + "a" * 64, Objective(0.2, "mean"), False)  # a new objective: at once
     c.tick(time.monotonic())
     assert policy.rounds <= 4 and not policy.asked
     c.shutdown()
@@ -129,7 +130,7 @@ def test_the_look_for_pending_containers_takes_a_bounded_share(
         return resolve_many(names, host.mount)
 
     c = _controller(host, resolve)
-    c.set_target("web", 0.1, "mean", True)
+    c.set_target("web", Objective(0.1, "mean"), True)
     for step in range(30):
         now = 1000.0 + step
         c.tick(now)
@@ -150,13 +151,13 @@ def test_a_pending_container_name_is_looked_for_by_the_binder_not_the_request(
         return resolve_many(names, host.mount)
 
     c = _controller(host, resolve)
-    listed = c.set_target(CONTAINER_ID, 0.1, "mean", True)
+    listed = c.set_target(CONTAINER_ID, Objective(0.1, "mean"), True)
     assert resolved == []  # no walk of the tree in the request
     assert (listed.state, listed.reason) == ("pending", "not looked for yet")
     with pytest.raises(TargetError, match="not a cgroup, container, unit or PID name"):
-        c.set_target("..", 0.1, "mean", True)  # refused at once all the same
+        c.set_target("..", Objective(0.1, "mean"), True)  # refused at once all the same
     path = "docker/" + "a" * 64
-    c.set_target(path, 0.1, "mean", True)  # a path costs no walk: resolved at once
+    c.set_target(path, Objective(0.1, "mean"), True)  # a path costs no walk: resolved at once
     assert resolved == [[path]]
     assert c.describe(path).state == "bound"
 
@@ -175,13 +176,13 @@ def test_nothing_of_a_target_is_kept_once_it_is_unset(host: Host) -> None:
         path = f"docker/c{k:03d}"
         make_cgroup(host.mount, path)
         for name in (path, f"absent-{k}"):
-            c.set_target(name, 0.1, "mean", name != path)
+            c.set_target(name, Objective(0.1, "mean"), name != path)
         c.tick(time.monotonic())
         c.status()
         for name in (path, f"absent-{k}"):
             c.unset_target(name)
     c.tick(time.monotonic())
-    assert (c._rings, c.targets.reasons, len(c.fleet)) == ({}, {}, 0)
+    assert (len(c.rings), c.targets.reasons, len(c.fleet)) == (0, {}, 0)
     c.shutdown()
 
 
@@ -191,15 +192,15 @@ def test_targets_beyond_the_open_file_limit_are_refused(
                         lambda: FD_RESERVE + 2 * FDS_PER_TARGET)
     a, b = "docker/" + "a" * 64, "docker/" + "b" * 64
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
-    c.set_target("later", 0.1, "mean", True)  # pending targets hold their place too
+    c.set_target(a, Objective(0.1, "mean"), False)
+    c.set_target("later", Objective(0.1, "mean"), True)  # pending targets hold their place too
     before = host.state()
     with pytest.raises(TargetError, match="no room for more than 2 targets"):
-        c.set_target(b, 0.1, "mean", False)
+        c.set_target(b, Objective(0.1, "mean"), False)
     assert host.state() == before
-    c.set_target(a, 0.2, "mean", False)  # a new objective for one is still fine
+    c.set_target(a, Objective(0.2, "mean"), False)  # a new objective for one is still fine
     c.unset_target("later")
-    c.set_target(b, 0.1, "mean", False)  # and a place freed is taken again
+    c.set_target(b, Objective(0.1, "mean"), False)  # and a place freed is taken again
     c.shutdown()
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dqoes_cg.state import COMPACT_MIN_LINES, StateError, StateStore, Target
+from dqoes_cg.membership.objective import Target
+from dqoes_cg.state import COMPACT_MIN_LINES, StateError, StateStore
 
 
 def _t(name: str, target_s: float = 0.1, **kw: object) -> Target:

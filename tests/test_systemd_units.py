@@ -16,6 +16,7 @@ from jeepney.low_level import HeaderFields
 
 from dqoes_cg.control import Peer
 from dqoes_cg.controller import Config, Controller
+from dqoes_cg.membership.objective import Objective
 from dqoes_cg.policy import Decision, Observation
 from dqoes_cg.systemd_units import USEC_INFINITY, UnitLimiter, quota_message
 from lab.fakecg import make_cgroup, write
@@ -165,7 +166,7 @@ def test_the_controller_hands_over_changed_unit_limits_only(tmp_path: Path) -> N
                                    weights=True),
                             policy=policy, limiter=limiter)  # type: ignore[arg-type]
     for name in ("system.slice/infer.service", "docker/" + "a" * 64):
-        controller.set_target(name, 0.1, "mean", False)
+        controller.set_target(name, Objective(0.1, "mean"), False)
 
     controller.tick(time.monotonic())  # 0.25 of 2 CPUs: 50 ms per 100 ms, weight 50
     assert _cpu_max(unit) == "50000 100000"

@@ -14,13 +14,21 @@ import numpy as np
 import pytest
 
 from dqoes_cg.ctl import format_status
-from dqoes_cg.labels import TRAINING_JOB, Objective, effective, objective
+from dqoes_cg.membership.labels import effective, objective
+from dqoes_cg.membership.objective import (
+    INFERENCE,
+    TRAINING,
+    TRAINING_JOB,
+    Objective,
+    Target,
+    check_target,
+)
+from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import make_policy
 from dqoes_cg.probe import Probe
-from dqoes_cg.state import INFERENCE, STATE_VERSION, TRAINING, StateStore, Target, check_target
+from dqoes_cg.state import STATE_VERSION, StateStore
 from dqoes_cg.status import Status
-from dqoes_cg.targets import TargetError
 from lab.fakecg import CPU_STAT, write
 from tests.test_controller import Host
 from tests.test_ctl import Daemon, daemon  # noqa: F401 (the fixture)
@@ -90,12 +98,12 @@ def test_a_training_job_is_decided_by_flowcon_beside_a_service(tmp_path: Path) -
     host = Host(tmp_path)
     a, b = "docker/" + "a" * 64, "docker/" + "b" * 64
     c = host.controller(make_policy("dqoes"))  # type: ignore[arg-type]
-    c.set_target(a, 0.1, "mean", False)
-    listed = c.set_target(b, None, None, False, kind=TRAINING)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    listed = c.set_target(b, TRAINING_JOB, False)
     assert (listed.kind, listed.target_s, listed.metric) == (TRAINING, None, None)
     now = time.monotonic()
     c.tick(now)
-    with Probe.open(c.ring(b)) as probe:
+    with Probe.open(c.rings.path(b)) as probe:
         for loss in (2.0, 1.5, 1.25):
             probe.progress(loss)
         _usage(host.b, 1000 + 500_000)  # half a CPU over the second
@@ -124,14 +132,14 @@ def test_a_target_becomes_a_training_job_and_back(tmp_path: Path) -> None:
     host = Host(tmp_path)
     a = "docker/" + "a" * 64
     c = host.controller(make_policy("dqoes"))  # type: ignore[arg-type]
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
-    c.set_target(a, None, None, False, kind=TRAINING)
+    c.set_target(a, TRAINING_JOB, False)
     assert c.fleet.training.tolist() == [True] and np.isnan(c.fleet.target_s[0])
-    c.set_target(a, 0.2, "p95", False)
+    c.set_target(a, Objective(0.2, "p95"), False)
     assert c.fleet.training.tolist() == [False] and c.fleet.target_s[0] == 0.2
     with pytest.raises(TargetError, match="no latency target"):
-        c.set_target(a, 0.2, "p95", False, kind=TRAINING)
+        c.set_target(a, Objective(0.2, "p95", TRAINING), False)
     c.shutdown()
 
 
@@ -139,7 +147,7 @@ def test_labels_make_a_training_job_and_change_it(tmp_path: Path) -> None:
     host = Host(tmp_path)
     w = StubWatcher()
     c = host.controller()
-    c.watcher = w
+    c.engine_targets.watcher = w
     cid = "a" * 64
     job = seen(host, cid, "trainer")
     job = type(job)(job.id, job.name, TRAINING_JOB, job.source, None, job.cgroup, None)

@@ -23,7 +23,8 @@ from dqoes_cg.engine import (
     parse_event,
 )
 from dqoes_cg.engines import NameAsker
-from dqoes_cg.labels import Objective, objective
+from dqoes_cg.membership.labels import objective
+from dqoes_cg.membership.objective import Objective
 from dqoes_cg.ring import ring_dir_name
 from dqoes_cg.watcher import Changes, Seen, Watcher
 from tests.fakeengine import FakeEngine

@@ -20,6 +20,7 @@ import pytest
 
 from dqoes_cg.actuator import Actuator, weight_of
 from dqoes_cg.cgtable import LEAVE_ALONE, WEIGHT_UNKNOWN, CgroupTable, Status
+from dqoes_cg.membership.objective import Objective
 from dqoes_cg.state import Originals, StateError
 from lab.fakecg import make_cgroup, write
 from tests.test_controller import ORIGINAL, Host, KernelHost, _cpu_max
@@ -67,8 +68,8 @@ def _targeted(host: Host, *, weights: bool = True) -> tuple[object, str, str]:
     a, b = host.names()
     c = host.controller()
     c.cfg.weights = weights
-    c.set_target(a, 0.1, "mean", False)
-    c.set_target(b, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
+    c.set_target(b, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     return c, a, b
 
@@ -138,7 +139,7 @@ def test_no_weight_is_written_before_its_original_is_on_disk(
         host: WeightedHost, monkeypatch: pytest.MonkeyPatch) -> None:
     a, _ = host.names()
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     journal = c.targets
     record = journal.record_originals
     seen: list[str] = []
@@ -156,7 +157,7 @@ def test_no_weight_is_written_when_its_original_cannot_be_saved(
         host: WeightedHost, monkeypatch: pytest.MonkeyPatch) -> None:
     a, _ = host.names()
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
 
     def full(originals: dict[str, Originals]) -> None:
         raise StateError("cannot write the state log: No space left on device")
@@ -192,7 +193,7 @@ def test_a_state_file_without_weights_still_loads(host: WeightedHost) -> None:
     a, _ = host.names()
     c = host.controller()
     c.cfg.weights = False
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     c.tick(time.monotonic())
     c.targets.store.close()
     state = host.tmp / "state" / "state.json"
@@ -215,7 +216,7 @@ def test_a_foreign_weight_is_counted_rewritten_and_a_fight_left_alone(
     host = any_host
     a, _ = host.names()
     c = host.controller()
-    c.set_target(a, 0.1, "mean", False)
+    c.set_target(a, Objective(0.1, "mean"), False)
     now = time.monotonic()
     c.tick(now)
     write(host.a / "cpu.weight", "500\n")

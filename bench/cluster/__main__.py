@@ -21,7 +21,7 @@ from bench.experiments.__main__ import load_curves
 from bench.experiments.analysis import oracle
 from bench.experiments.progress import Progress
 from bench.experiments.sim import Curve, Node
-from dqoes_cg.placement import PlacementParams
+from dqoes_cg.cluster.placement import PlacementParams
 from dqoes_cg.policy import POLICIES
 
 from .oracle import cluster_oracle

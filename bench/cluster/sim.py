@@ -1,7 +1,7 @@
 """The cluster in the simulator: nodes stepped in lockstep, each the fluid model of CFS with
 cpu.max caps of bench/experiments/sim.py driving a per-node policy chosen by name (its own
 daemon), tasks placed as Swarm would and moved by QoE-aware placement
-(dqoes_cg.placement) between them.
+(dqoes_cg.cluster.placement) between them.
 
 Each node is the model of bench/experiments/sim.py: a tick every sample interval, each
 running container gets min(its cap, one CPU, its water-filling fair share) and serves at its
@@ -14,7 +14,7 @@ The three ways (the paper's cluster experiment and its future work):
 - `default`: Swarm places each arriving task on the active node with the fewest tasks
   (spread by count), no daemon: CFS's even share;
 - `per-node`: the same placement, a daemon with the policy on every node;
-- `placement`: the daemons, and dqoes_cg.placement every `placement_every_s`, given the view
+- `placement`: the daemons, and dqoes_cg.cluster.placement every `placement_every_s`, given the view
   a manager would build from the daemons' status (class, measured, usage, limit per task):
   nodes it pauses get no new task; a move takes `move_s` (Swarm starts the new task, then
   stops the old one: start-first), after which the container serves on its new node, where
@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from bench.experiments.sim import DEMAND_CORES, Container, Curve, Params, water_fill
-from dqoes_cg.placement import (
+from dqoes_cg.cluster.placement import (
     Availability,
     ClusterView,
     Move,

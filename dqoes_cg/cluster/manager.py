@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine, EngineError
 from ..logs import RateLimitedLog
-from ..placement import PlacementParams
 from . import swarmapi
 from .actions import SwarmActions
+from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
 from .swarmapi import Snapshot

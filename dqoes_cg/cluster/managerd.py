@@ -25,10 +25,10 @@ from ..control import ControlServer, Peer, RequestError
 from ..engine import DOCKER_SOCKET, Engine, EngineError
 from ..logs import RateLimitedLog, setup_logging
 from ..paths import MANAGER_SOCKET
-from ..placement import PlacementParams
 from ..sdnotify import Notifier
 from .identity import Credentials, IdentityError
 from .manager import NODE_TIMEOUT_S, PLACEMENTS, Manager
+from .placement import PlacementParams
 from .protocol import CLUSTER_PORT
 from .server import Server
 

@@ -27,8 +27,8 @@ import ssl
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..labels import MAX_VALUE, PREFIX
-from ..state import METRICS
+from ..membership.labels import MAX_VALUE, PREFIX
+from ..membership.objective import METRICS
 
 VERSION = 1
 CLUSTER_PORT = 2378  # dqoes-manager's, on each Swarm manager (Swarm's own is 2377)

@@ -1,5 +1,5 @@
 """QoE-aware placement in the manager (`dqoes-manager --placement qoe`): the decision of
-dqoes_cg/placement.py on the manager's view, carried out with the manager's actions.
+placement.py on the manager's view, carried out with the manager's actions.
 
 Each tick the cluster view becomes the decision's view (nodes and services by Swarm ID; a
 node counts as ready while it is reachable, with the budget its dqoesd reported; only the
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from .. import placement as decision
+from . import placement as decision
 from .view import Actions, ClusterView
 
 log = logging.getLogger(__name__)

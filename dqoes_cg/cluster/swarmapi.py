@@ -3,7 +3,7 @@ through the Engine API (engine.py) into small typed records, and the one write t
 makes, a service's placement constraints.
 
 What Swarm answers was written by whoever created the services (names, labels): it is kept
-bounded and judged where it is used (labels.py); an entry that is not what Swarm's API
+bounded and judged where it is used (membership/labels.py); an entry that is not what Swarm's API
 documents is skipped.
 """
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Engine, EngineError, parse_labels
-from ..labels import Objective, effective, objective, ours
+from ..membership.labels import effective, objective, ours
+from ..membership.objective import Objective
 
 log = logging.getLogger(__name__)
 

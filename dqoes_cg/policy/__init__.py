@@ -38,7 +38,7 @@ from .base import (
     PolicyParams,
 )
 from .dqoes import DQoES, classify
-from .flowcon import TRAINING_POLICY, FlowCon
+from .flowcon import FlowCon
 from .mixed import Mixed
 
 POLICIES: dict[str, Callable[[PolicyParams], Policy]] = {
@@ -60,6 +60,6 @@ def make_policy(name: str, params: PolicyParams | None = None) -> Policy:
 
 
 __all__ = ["ALPHA", "BETA", "DEFAULT_POLICY", "IV_INITIAL_S", "IV_MAX_S", "POLICIES",
-           "RHO_MAX", "TRAINING_POLICY", "T_R", "Admit", "Cls", "DQoES", "Decision", "FloatArray",
+           "RHO_MAX", "T_R", "Admit", "Cls", "DQoES", "Decision", "FloatArray",
            "FlowCon", "IndexArray", "Int8Array", "Mixed", "Observation", "Policy",
            "PolicyParams", "classify", "make_policy"]

@@ -93,6 +93,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ..membership.objective import TRAINING_POLICY
 from .base import (
     IV_INITIAL_S,
     IV_MAX_S,
@@ -106,10 +107,7 @@ from .base import (
     Observation,
     PolicyParams,
 )
-from .dqoes import Listener
-
-TRAINING_POLICY = "flowcon"
-"""The policy of training jobs: the value of the label dqoes.policy that marks one."""
+from .dqoes import Listener, masked_sum
 
 # The lists as int8 scalars: an IntEnum compared with an int8 array is cast in buffers.
 NL, WL, CL, IDLE = (np.int8(c) for c in (Cls.NL, Cls.WL, Cls.CL, Cls.IDLE))
@@ -198,13 +196,6 @@ def growth_into(progress: FloatArray, usage: FloatArray, out: FloatArray,
     _nan_unless(out, flag)
 
 
-def sum_where(values: FloatArray, mask: BoolArray, scratch: FloatArray) -> float:
-    """Σ values[mask], through scratch: a masked reduction (`where=`) buffers its input."""
-    scratch.fill(0.0)
-    np.copyto(scratch, values, where=mask)
-    return float(scratch.sum())
-
-
 def threshold(growth: FloatArray, valid: BoolArray, nl: BoolArray, wl: BoolArray,
               flag: BoolArray, scratch: FloatArray) -> float:
     """Algorithm 3 over the jobs as listed before the round: -1 when none is in NL or WL;
@@ -219,7 +210,7 @@ def threshold(growth: FloatArray, valid: BoolArray, nl: BoolArray, wl: BoolArray
         measured = int(np.count_nonzero(flag))
         if measured == 0 and members.any():
             return math.nan
-        means.append(sum_where(growth, flag, scratch) / measured if measured else 0.0)
+        means.append(masked_sum(growth, flag, scratch) / measured if measured else 0.0)
     return (means[0] + means[1]) / 2.0
 
 
@@ -326,7 +317,7 @@ def round_into(obs: Observation, mask: BoolArray, ws: Workspace, limits_out: Flo
         np.copyto(ws.lists, NL, where=flag)  # -> NL
         _masks(mask, ws)
     completing = jobs > 0 and int(np.count_nonzero(ws.cl)) == jobs
-    growth_sum = sum_where(g, valid, x)
+    growth_sum = masked_sum(g, valid, x)
 
     # Algorithm 1, lines 14-26: the limits, fractions of the budget.
     nominal.fill(1.0)  # NL and WL; everyone when all are completing
@@ -442,5 +433,5 @@ def water_fill(total: float, demand: npt.ArrayLike) -> FloatArray:
     return out
 
 
-__all__ = ["TRAINING_POLICY", "BackOff", "FlowCon", "Round", "growth_into", "progress_into",
-           "round_into", "sum_where", "threshold", "water_fill", "water_fill_into"]
+__all__ = ["BackOff", "FlowCon", "Round", "growth_into", "progress_into",
+           "round_into", "threshold", "water_fill", "water_fill_into"]

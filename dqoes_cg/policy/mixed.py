@@ -53,7 +53,8 @@ import math
 import numpy as np
 
 from .base import BETA, T_R, Cls, Decision, IndexArray, Observation, Policy, PolicyParams
-from .flowcon import FlowCon, sum_where
+from .dqoes import masked_sum
+from .flowcon import FlowCon
 
 _G, _B = np.int8(Cls.G), np.int8(Cls.B)  # int8 scalars: see flowcon.NL
 SLACK = 0.10
@@ -162,7 +163,7 @@ class Mixed:
             np.copyto(held, fallback, where=flag)
         np.isfinite(held, out=flag)
         np.logical_and(flag, services, out=flag)
-        return sum_where(held, flag, self._x)
+        return masked_sum(held, flag, self._x)
 
     def _give_way(self, obs: Observation, d: Decision, mask: np.ndarray,
                   services: np.ndarray) -> None:
@@ -181,6 +182,6 @@ class Mixed:
         if not flag.any():
             self._ceiling = T_R
         elif not giving:
-            used = sum_where(obs.usage, mask, self._x)
+            used = masked_sum(obs.usage, mask, self._x)
             guarantee = int(np.count_nonzero(mask)) * T_R / (2 * mask.shape[0])
             self._ceiling = max(guarantee, (1.0 - self.beta) * min(self._ceiling, used))

@@ -1,6 +1,6 @@
-"""Membership: the targets, the cgroups they are bound to, and the original limits the
-daemon must give back. Every change is persisted (state.py) before it is made in memory,
-so that a failed write changes nothing.
+"""The targets, the cgroups they are bound to, and the original limits the daemon must give
+back. Every change is persisted (the journal, state.py) before it is made in memory, so
+that a failed write changes nothing.
 
 A target is *bound* when its cgroup is known and *pending* while it is not: set with
 --pending before its container exists, or back from bound when its cgroup went away. The
@@ -19,16 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from .cgroup import CgroupError, InvalidName, Resolved, require_cpu_controller
-from .state import (
-    INFERENCE,
-    Originals,
-    StateError,
-    StateStore,
-    Target,
-    cgroup_identity,
-    check_target,
-)
+from ..cgroup import CgroupError, InvalidName, Resolved, require_cpu_controller
+from ..state import Originals, StateError, StateStore, cgroup_identity
+from .objective import Objective, Target, check_target
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +72,16 @@ class Targets:
 
     # --- requests ------------------------------------------------------------------------
 
-    def add(self, name: str, target_s: float | None, metric: str | None,
-            found: Resolved | CgroupError, pending: bool, source: str,
-            prepare: Callable[[], None], ring: str | None = None,
-            kind: str = INFERENCE) -> Target:
-        """A new target: an inference service's latency target, or a training job (`kind`,
-        no target nor metric). `found` is what resolving the name gave: it must be a usable
+    def add(self, name: str, objective: Objective, found: Resolved | CgroupError,
+            pending: bool, source: str, prepare: Callable[[], None],
+            ring: str | None = None) -> Target:
+        """A new target: an inference service's latency target, or a training job (no
+        target nor metric). `found` is what resolving the name gave: it must be a usable
         cgroup, unless `pending` accepts one that may appear later (but never a name that
         can never be valid). `prepare` runs once the target is accepted, before it is saved
         (it creates the ring). `ring`: its ring, if not the default one (its volume's).
         TargetError or StateError: nothing changed."""
-        _check(target_s, metric, kind)
+        _check(objective)
         try:
             path = self._usable(name, found)
         except InvalidName as e:
@@ -98,7 +90,8 @@ class Targets:
             if not pending:
                 raise TargetError(str(e)) from None
             path, reason = None, str(e)
-        target = Target(name, _seconds(target_s), metric, source, ring=ring, kind=kind)
+        target = Target(name, _seconds(objective.target_s), objective.metric, source, ring=ring,
+                        kind=objective.kind)
         if path is not None:
             target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
         prepare()
@@ -107,13 +100,12 @@ class Targets:
             self.reasons[name] = reason
         return target
 
-    def change(self, name: str, target_s: float | None, metric: str | None, source: str,
-               kind: str = INFERENCE) -> Target:
+    def change(self, name: str, objective: Objective, source: str) -> Target:
         """A new objective (or kind) for an existing target. TargetError or StateError:
         nothing changed."""
-        _check(target_s, metric, kind)
-        changed = replace(self.get(name), target_s=_seconds(target_s), metric=metric,
-                          source=source, kind=kind)
+        _check(objective)
+        changed = replace(self.get(name), target_s=_seconds(objective.target_s),
+                          metric=objective.metric, source=source, kind=objective.kind)
         self._save(changed)
         return changed
 
@@ -236,9 +228,9 @@ class Targets:
             self.store.compact(self._targets)
 
 
-def _check(target_s: float | None, metric: str | None, kind: str) -> None:
+def _check(o: Objective) -> None:
     try:
-        check_target(target_s, metric, kind)
+        check_target(o.target_s, o.metric, o.kind)
     except ValueError as e:
         raise TargetError(str(e)) from None
 

@@ -1,6 +1,6 @@
 """QoE-aware placement on a Swarm: from the cluster's view of one tick, which nodes to close
 to new tasks and which services to move to another node. Pure: it reads a `ClusterView` and
-returns a `Plan`; the manager carries a plan out (cluster/qoe_placement.py).
+returns a `Plan`; the manager carries a plan out (qoe_placement.py).
 
 What a node can give
 --------------------

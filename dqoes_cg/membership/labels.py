@@ -16,34 +16,25 @@ unmanaged, with a one-line reason.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from .duration import format_duration, parse_duration
-from .policy import TRAINING_POLICY
-from .state import INFERENCE, METRICS, TRAINING, check_target
+from ..duration import parse_duration
+from .objective import (
+    DEFAULT_METRIC,
+    METRICS,
+    TRAINING_JOB,
+    TRAINING_POLICY,
+    Objective,
+    check_target,
+)
 
 PREFIX = "dqoes."
 TARGET = "dqoes.target"
 METRIC = "dqoes.metric"
 POLICY = "dqoes.policy"
 KNOWN = (TARGET, METRIC, POLICY)
-DEFAULT_METRIC = "p95"
 MAX_VALUE = 64  # characters of a label value worth reading
 
 
-@dataclass(frozen=True)
-class Objective:
-    target_s: float | None  # None: a training job
-    metric: str | None
-    kind: str = INFERENCE
-
-    def __str__(self) -> str:
-        if self.kind == TRAINING:
-            return f"a training job ({TRAINING_POLICY})"
-        return f"target {format_duration(self.target_s)} ({self.metric})"
-
-
-TRAINING_JOB = Objective(None, None, TRAINING)
 
 
 def ours(labels: Mapping[str, str]) -> dict[str, str]:
