@@ -277,9 +277,9 @@ def test_a_restart_loop_and_a_burst_leak_nothing(service: Service, docker: Docke
        "--label", LOOSE, "--mount", VOLUME, IMAGE, "/bin/sh", "-c", "sleep 1", timeout=300)
     wait_for(lambda: int(docker.inspect("loop", "{{.RestartCount}}")) >= 4, 240,
              "four restarts of the loop")
-    burst = [f"burst-{i}" for i in range(20)]
+    burst = [f"burst-{i}" for i in range(12)]
     try:
-        # Idle: twenty servers would hold the emulated CPUs for many minutes.
+        # Idle: a dozen servers would hold the emulated CPUs for many minutes.
         procs = [subprocess.Popen([DOCKER, "run", "-d", "--name", n, "--network", "none",
                                    "--label", LOOSE, "--mount", VOLUME, IMAGE, *IDLE],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -288,7 +288,7 @@ def test_a_restart_loop_and_a_burst_leak_nothing(service: Service, docker: Docke
         wait_for(lambda: all(listed().get(n) and listed()[n].state == "bound" for n in burst),
                  300, "every container of the burst bound",
                  lambda: explain(service) + unbound(service, burst))
-    except BaseException:  # leave no 21 containers to the tests after this one
+    except BaseException:  # leave no 13 containers to the tests after this one
         subprocess.run([DOCKER, "rm", "-f", "-v", "loop", *burst], capture_output=True,
                        timeout=300, check=False)
         raise
