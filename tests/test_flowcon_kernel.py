@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import pytest
 
+from dqoes_cg.ctl import format_status
 from dqoes_cg.status import ContainerStatus
 from lab import REPO, testbed
 from lab.shell import wait_for
@@ -33,8 +34,13 @@ JOBS = {"fast": "fast", "wide": "wide"}  # name: lab.training model
 T = TypeVar("T")
 
 
-def _wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    return wait_for(predicate, timeout, what, every=0.5)
+def _wait_for(bed: testbed.Testbed, predicate: Callable[[], T], timeout: float,
+              what: str) -> T:
+    def explain() -> str:
+        return (f"--- status ---\n{format_status(bed.status())}\n--- dqoesd's log ---\n"
+                f"{bed.daemon_log.read_text()[-4000:]}")
+
+    return wait_for(predicate, timeout, what, explain, every=0.5)
 
 
 def _by_name(bed: testbed.Testbed) -> dict[str, ContainerStatus]:
@@ -61,7 +67,8 @@ def test_training_jobs_share_what_the_service_leaves(tmp_path: Path) -> None:
                      for n in JOBS)
             return s if ok else None
 
-        s = _wait_for(jobs_decided, 240, "both training jobs capped, with a growth efficiency")
+        s = _wait_for(bed, jobs_decided, 480,
+                      "both training jobs capped, with a growth efficiency")
         log = bed.daemon_log.read_text
         floor = 1.0 / (2 * 3)  # T_R/(2n) of a 1-CPU budget, n = 3
         for n in JOBS:
@@ -70,7 +77,7 @@ def test_training_jobs_share_what_the_service_leaves(tmp_path: Path) -> None:
 
         # The service is not starved: it meets its target beside the training jobs (one
         # moment in S or G is enough; an emulated CPU is noisy), while they keep their caps.
-        met = _wait_for(lambda: (s := _by_name(bed))["web"].cls in ("S", "G") and s, 300,
+        met = _wait_for(bed, lambda: (s := _by_name(bed))["web"].cls in ("S", "G") and s, 300,
                         "the service meeting its target beside the training jobs")
         assert met["web"].samples > 0 and met["web"].kind == "inference", met["web"]
         for n in JOBS:
