@@ -238,6 +238,23 @@ class _Client:
     reply: memoryview | None = None  # what is left to send, once the request is read
 
 
+def _victim(clients: list[_Client]) -> _Client:
+    """The one of `clients` (oldest first) to drop for a newcomer: the oldest that has sent
+    nothing yet, so that connections opened and left idle go before a scrape whose request
+    is waiting to be read; else the oldest."""
+    for client in clients:
+        if not client.request and client.reply is None and not _sent_something(client.sock):
+            return client
+    return clients[0]
+
+
+def _sent_something(sock: socket.socket) -> bool:
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except OSError:  # nothing to read yet, or reset
+        return False
+
+
 class MetricsServer:
     """GET /metrics on (host, port), served by one background thread that never waits on a
     client: sockets are non-blocking, each connection has REQUEST_DEADLINE_S from its accept
@@ -312,9 +329,9 @@ class MetricsServer:
             sock.setblocking(False)
             same = [c for c in self._clients.values() if c.address == peer[0]]
             if len(same) >= MAX_PER_ADDRESS:
-                self._drop(same[0])
+                self._drop(_victim(same))
             elif len(self._clients) >= MAX_CONNECTIONS:
-                self._drop(next(iter(self._clients.values())))
+                self._drop(_victim(list(self._clients.values())))
             self._clients[sock] = _Client(sock, peer[0], time.monotonic() + REQUEST_DEADLINE_S)
             self._selector.register(sock, selectors.EVENT_READ)
 
