@@ -87,14 +87,21 @@ class Podman:
         subprocess.run([PODMAN, "import", "-", IMAGE], input=tar, env=self.env, check=True,
                        capture_output=True, timeout=300)
 
+    def ring_volume(self, name: str) -> str:
+        """The volume of the dqoes driver for container `name`'s ring (Podman makes a
+        plugin's volume with `podman volume create`, not at `run`)."""
+        return self("volume", "create", "--driver", "dqoes", f"{name}-ring").strip()
+
     def run_labelled(self, name: str, units: int, *labels: str) -> str:
-        """A container as a Podman user writes it: labels, and a volume of the dqoes driver
-        (Podman makes a plugin's volume with `podman volume create`) for its ring; its ID."""
-        volume = f"{name}-ring"
-        self("volume", "create", "--driver", "dqoes", volume)
+        """A container as a Podman user writes it: labels, and its ring_volume mounted;
+        its ID."""
         return self("run", "-d", "--name", name, "--network", "none",
                     *(a for label in labels for a in ("--label", label)),
-                    "-v", f"{volume}:/run/dqoes", IMAGE, "/infer", str(units)).strip()
+                    "-v", f"{name}-ring:/run/dqoes", IMAGE, "/infer", str(units)).strip()
+
+    def started(self, name: str) -> float:
+        """When the container started (seconds since the epoch)."""
+        return float(self("inspect", "--format", "{{.State.StartedAt.Unix}}", name))
 
     def remove(self, name: str) -> None:
         """The container, then its ring's volume."""
