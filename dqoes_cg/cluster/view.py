@@ -49,6 +49,7 @@ Actions (what a placement may ask; each is a Swarm service or node update, see a
   when no other active ready node would be left.
 - `open_node(node_id)`: a node the manager paused is active again (a node an operator
   paused or drained is left alone).
+`move_away`, `close_node` and `open_node` take a `why` too, shown with the update.
 
 Fields are only ever added; `from_json` ignores the fields it does not know.
 """
@@ -162,15 +163,15 @@ class ClusterView:
 class Actions(Protocol):
     """What a placement may ask of the manager (carried out after the tick)."""
 
-    def move_away(self, service_id: str, node_id: str) -> None: ...
+    def move_away(self, service_id: str, node_id: str, why: str = "") -> None: ...
 
     def prefer(self, service_id: str, node_ids: Collection[str]) -> None: ...
 
     def release(self, service_id: str) -> None: ...
 
-    def close_node(self, node_id: str) -> None: ...
+    def close_node(self, node_id: str, why: str = "full") -> None: ...
 
-    def open_node(self, node_id: str) -> None: ...
+    def open_node(self, node_id: str, why: str = "") -> None: ...
 
 
 class Placement(Protocol):
