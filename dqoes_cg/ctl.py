@@ -6,6 +6,7 @@
     dqoesctl list [--json]
     dqoesctl status [CONTAINER] [--json] [--watch [SECONDS]]
     dqoesctl cluster status [--json] [--watch [SECONDS]]   (on a Swarm manager)
+    dqoesctl cluster act | recommend     (make placement's updates, or only show them)
     dqoesctl act | recommend     (write the limits decided, or only show them)
 
 CONTAINER is a Docker/Podman name or ID (prefix), a cgroup path, a PID or a systemd unit.
@@ -138,7 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("recommend", help="write no limit, give back those written; status shows "
                                      "what it would set")
     cl = sub.add_parser("cluster", help="the Swarm's view, from dqoes-manager")
-    cl.add_argument("what", choices=["status"])
+    cl.add_argument("what", choices=["status", "act", "recommend"],
+                    help="status: the view; act: make placement's updates; recommend: only "
+                         "show them")
     cl.add_argument("--manager-socket", type=Path,
                     default=Path(os.environ.get("DQOES_MANAGER_SOCKET", MANAGER_SOCKET)),
                     help="dqoes-manager's control socket (default %(default)s, or "
@@ -185,6 +188,11 @@ def _run(args: argparse.Namespace) -> str:
         targets = request(args.socket, "list")
         return json.dumps(targets, indent=1) if args.json else \
             format_list([Listing.from_json(t) for t in targets])
+    if args.command == "cluster" and args.what in ("act", "recommend"):
+        request(args.manager_socket, f"cluster-{args.what}")
+        return ("acting: placement's updates are made" if args.what == "act" else
+                "recommending: placement makes no update; dqoesctl cluster status shows "
+                "what it would make")
     if args.command == "cluster":
         view = request(args.manager_socket, "cluster-status")
         return json.dumps(view, indent=1) if args.json else \

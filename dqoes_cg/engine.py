@@ -204,8 +204,9 @@ class Engine:
 
     def services(self) -> dict[str, dict[str, str]] | None:
         """Every Swarm service's labels by service ID; None when this node is no Swarm
-        manager (the engine answers 503) or in no Swarm."""
-        listing = self.get("/services", missing_ok=(503, 406))
+        manager (the engine answers 503), in no Swarm, or the engine has no Swarm (Podman
+        answers 404)."""
+        listing = self.get("/services", missing_ok=(503, 406, 404))
         if listing is None:
             return None
         if not isinstance(listing, list):

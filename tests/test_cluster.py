@@ -400,6 +400,23 @@ def test_cluster_status_is_answered_while_swarms_api_is_silent(
         control.close()
 
 
+def test_dqoesctl_cluster_recommend_and_act_switch_the_manager_without_a_restart(
+        cluster: Cluster, manager_socket: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def acting() -> bool:
+        cluster.manager.tick(time.monotonic())
+        assert ctl.main(["cluster", "status", "--manager-socket", str(manager_socket),
+                         "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["acting"]
+
+    assert acting()
+    assert ctl.main(["cluster", "recommend", "--manager-socket", str(manager_socket)]) == 0
+    assert "recommending" in capsys.readouterr().out
+    assert not acting() and not cluster.manager.acting
+    assert ctl.main(["cluster", "act", "--manager-socket", str(manager_socket)]) == 0
+    assert "acting" in capsys.readouterr().out
+    assert acting() and cluster.manager.acting
+
+
 def test_dqoesctl_cluster_status_without_a_manager(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert ctl.main(["cluster", "status", "--manager-socket",

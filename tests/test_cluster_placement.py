@@ -14,11 +14,14 @@ import pytest
 
 from dqoes_cg.cluster import managerd
 from dqoes_cg.cluster.manager import PLACEMENTS, Manager
+from dqoes_cg.cluster.managerd import handler
 from dqoes_cg.cluster.placement import PlacementParams
 from dqoes_cg.cluster.protocol import ContainerReport, Report
 from dqoes_cg.cluster.qoe_placement import QoEPlacement
 from dqoes_cg.cluster.show import format_cluster
 from dqoes_cg.cluster.swarmapi import AVOID_LABEL, PAUSED_LABEL
+from dqoes_cg.cluster.view import ClusterView
+from dqoes_cg.control import Peer
 from tests.fakeswarm import StubEngine, node_doc, service_doc, task_doc
 from tests.swarmca import swarm_id
 
@@ -30,7 +33,7 @@ class Crowded:
     """node1 (the manager, no dqoesd), node2 with tasks of services s0 and s1, node3 empty;
     the manager ticks with QoE-aware placement at the times the test asks."""
 
-    def __init__(self, start_first: bool = True) -> None:
+    def __init__(self, start_first: bool = True, acting: bool = True) -> None:
         self.node1, self.node2, self.node3 = swarm_id(), swarm_id(), swarm_id()
         self.services = [swarm_id(), swarm_id()]
         self.tasks = [swarm_id(), swarm_id()]
@@ -43,7 +46,8 @@ class Crowded:
             "/tasks": [task_doc(self.tasks[i], sid, self.node2, CIDS[i])
                        for i, sid in enumerate(self.services)]})
         self.placement = QoEPlacement(PlacementParams(settle_s=SETTLE_S))
-        self.manager = Manager(self.engine, self.node1, placement=self.placement)
+        self.manager = Manager(self.engine, self.node1, placement=self.placement,
+                               acting=acting)
         self.t0 = time.monotonic()
         self.manager.tick(self.t0)
 
@@ -164,3 +168,39 @@ def test_a_full_node_is_closed_to_new_tasks_and_opened_again_once_it_has_room() 
     assert opened == cluster.node2
     assert (spec["Availability"], spec["Labels"]) == ("active", {})
     assert cluster.updates() == [], "no task moved"
+
+
+def test_recommending_the_manager_makes_no_update_shows_what_it_would_and_acts_when_told(
+        ) -> None:
+    cluster = Crowded(acting=False)
+    for seconds in (1, SETTLE_S / 2, SETTLE_S + 2, SETTLE_S + 4):
+        cluster.at(seconds)
+    assert cluster.engine.posts == [], "recommending: no update of Swarm's, of any kind"
+    view = cluster.manager.view()
+    assert view is not None and not view.acting
+    would = [r.what for r in view.recommended]
+    assert any(w.startswith("node node2: closing to new tasks (full: no room for a new "
+                            "task of 0.30 CPUs)") for w in would), would
+    assert any(w.startswith("service s") and "moving its tasks off node2 (to node3: stuck "
+               "out of S, needs 0.30 CPUs" in w for w in would), would
+    shown = format_cluster(ClusterView.from_json(view.to_json()))  # as dqoesctl has it
+    assert "recommend only: placement makes no update" in shown
+    assert all(w in shown for w in would), shown
+
+    ask = handler(cluster.manager)
+    root = Peer(pid=1, uid=0, gid=0)
+    assert ask("cluster-act", {}, root) == {"acting": True}
+    view = cluster.manager.view()
+    assert view is not None and view.acting and view.recommended == ()
+    seconds = SETTLE_S + 6
+    while not cluster.engine.posts and seconds < 6 * SETTLE_S:
+        cluster.at(seconds)
+        seconds += 5
+    assert cluster.updates("nodes") or cluster.updates(), "acting: placement's updates made"
+    assert "recommend only" not in format_cluster(cluster.manager.view())
+
+    assert ask("cluster-recommend", {}, root) == {"acting": False}
+    made = len(cluster.engine.posts)
+    for later in range(int(seconds) + 5, int(seconds) + int(3 * SETTLE_S), 5):
+        cluster.at(later)
+    assert len(cluster.engine.posts) == made, "recommending again: no update"

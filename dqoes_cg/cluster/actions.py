@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from ..engine import Engine, EngineError
 from . import swarmapi
@@ -29,6 +30,24 @@ log = logging.getLogger(__name__)
 QUIET_S = 60.0  # the same refusal is logged once a minute at most
 
 
+@dataclass(frozen=True)
+class Update:
+    """One Swarm update a tick asks for: a node closed to new tasks or opened again
+    (`node_id`, `paused`), or the nodes a service is kept off (`service_id`, `avoid`)."""
+
+    what: str  # which, to what, and why: "service web: moving its tasks off node2 (...)"
+    node_id: str | None = None
+    paused: bool = False
+    service_id: str | None = None
+    avoid: frozenset[str] = frozenset()
+
+    def apply(self, engine: Engine) -> None:
+        if self.service_id is not None:
+            swarmapi.set_avoid(engine, self.service_id, self.avoid)
+        elif self.node_id is not None:
+            swarmapi.set_paused(engine, self.node_id, self.paused)
+
+
 class SwarmActions:
     """The actions of one tick (a view.Actions): the last one asked per service wins.
     `quiet` (refusal: when last logged) outlives the tick."""
@@ -36,24 +55,25 @@ class SwarmActions:
     def __init__(self, view: ClusterView, now: float, quiet: dict[str, float]) -> None:
         self.view = view
         self.wanted: dict[str, tuple[frozenset[str], str]] = {}  # service: (avoid, why)
-        self.paused: dict[str, bool] = {}  # node: pause it (True) or make it active
+        self.paused: dict[str, tuple[bool, str]] = {}  # node: (pause it, why)
         self._now = now
         self._quiet = quiet
 
-    def move_away(self, service_id: str, node_id: str) -> None:
+    def move_away(self, service_id: str, node_id: str, why: str = "") -> None:
         service = self._service(service_id, "move")
         if service is None:
             return
-        why = ("a global service runs on every node" if service.mode != "replicated" else
-               "its update order is not start-first: a move would stop a task before its "
-               "replacement runs" if not service.start_first else
-               "Swarm is updating it" if service.updating else None)
-        if why is not None:
-            self._refuse(service, "move", why)
+        refused = ("a global service runs on every node" if service.mode != "replicated" else
+                   "its update order is not start-first: a move would stop a task before "
+                   "its replacement runs" if not service.start_first else
+                   "Swarm is updating it" if service.updating else None)
+        if refused is not None:
+            self._refuse(service, "move", refused)
             return
         node = self.view.node(node_id)
         self._want(service, self._avoided(service) | {node_id},
-                   f"moving its tasks off {node.name if node else node_id}")
+                   f"moving its tasks off {node.name if node else node_id}"
+                   + (f" ({why})" if why else ""))
 
     def prefer(self, service_id: str, node_ids: Collection[str]) -> None:
         service = self._service(service_id, "prefer")
@@ -70,14 +90,14 @@ class SwarmActions:
         if service is not None:
             self._want(service, frozenset(), "anywhere again")
 
-    def close_node(self, node_id: str) -> None:
+    def close_node(self, node_id: str, why: str = "full") -> None:
         node = self.view.node(node_id)
         if node is None or node.availability != "active":
             return
         others = [n for n in self.view.nodes if n.id != node_id and n.swarm_state == "ready"
-                  and n.availability == "active" and not self.paused.get(n.id, False)]
+                  and n.availability == "active" and not self.paused.get(n.id, (False,))[0]]
         if others:
-            self.paused[node_id] = True
+            self.paused[node_id] = (True, why)
         else:
             key = f"close {node_id}"
             if self._now - self._quiet.get(key, -QUIET_S) >= QUIET_S:
@@ -85,32 +105,34 @@ class SwarmActions:
                 log.warning("placement: closing node %s to new tasks refused: no other "
                             "active node would be left", node.name)
 
-    def open_node(self, node_id: str) -> None:
+    def open_node(self, node_id: str, why: str = "") -> None:
         node = self.view.node(node_id)
         if node is not None and node.paused_by_placement:
-            self.paused[node_id] = False
+            self.paused[node_id] = (False, why)
 
-    def carry_out(self, engine: Engine) -> None:
-        """The node and service updates asked for (each once; errors are logged)."""
-        for nid, paused in self.paused.items():
+    def updates(self) -> list[Update]:
+        """The node and service updates asked for that change something, each once."""
+        updates = []
+        for nid, (paused, why) in self.paused.items():
             node = self.view.node(nid)
-            name = node.name if node else nid
-            try:
-                swarmapi.set_paused(engine, nid, paused)
-                log.info("placement: node %s %s", name,
-                         "closed to new tasks (full)" if paused else "open to new tasks again")
-            except EngineError as e:
-                log.warning("placement: node %s: %s failed: %s", name,
-                            "pause" if paused else "resume", e)
+            what = "closing to new tasks" if paused else "opening to new tasks again"
+            updates.append(Update(f"node {node.name if node else nid}: {what}"
+                                  + (f" ({why})" if why else ""), node_id=nid, paused=paused))
         for sid, (avoid, why) in self.wanted.items():
             service = self.view.service(sid)
-            if service is None or avoid == frozenset(service.avoid):
-                continue
+            if service is not None and avoid != frozenset(service.avoid):
+                updates.append(Update(f"service {service.name}: {why}", service_id=sid,
+                                      avoid=avoid))
+        return updates
+
+    def carry_out(self, engine: Engine) -> None:
+        """Makes the updates asked for (errors are logged)."""
+        for update in self.updates():
             try:
-                swarmapi.set_avoid(engine, sid, avoid)
-                log.info("placement: service %s: %s", service.name, why)
+                update.apply(engine)
+                log.info("placement: %s", update.what)
             except EngineError as e:
-                log.warning("placement: service %s: %s failed: %s", service.name, why, e)
+                log.warning("placement: %s: failed: %s", update.what, e)
 
     # ------------------------------------------------------------------------------------
 

@@ -6,7 +6,9 @@ started again rebuilds the same view within a tick and a report interval.
 Every tick it reads Swarm, works out which service labels each node must have (the
 `dqoes.` labels of the services with a task on it, which the connection to that node sends
 when they change), builds the cluster view (view.py) and gives it to the placement policy,
-if one is chosen, whose actions it then carries out (actions.py).
+if one is chosen, whose actions it then carries out (actions.py), or, recommending only
+(`--recommend`, switched with the `cluster-act` and `cluster-recommend` requests), keeps
+in the view as what it would do.
 
 A node may report only about itself. Its identity is its certificate's (identity.py), and
 each container it reports on is checked against Swarm's own task list: a container of a
@@ -22,22 +24,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..engine import Engine, EngineError
 from ..logs import RateLimitedLog
 from . import swarmapi
-from .actions import SwarmActions
+from .actions import SwarmActions, Update
 from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
 from .swarmapi import Snapshot
-from .view import ClusterView, NodeView, Placement, ServiceView, TaskView
+from .view import ClusterView, NodeView, Placement, Recommendation, ServiceView, TaskView
 
 log = logging.getLogger(__name__)
 
 GRACE_S = 10.0
 NODE_TIMEOUT_S = 5.0  # without a report, a node is unreachable
+MAX_RECOMMENDED = 20  # updates a recommending manager keeps in its view, the latest
 
 PLACEMENTS: dict[str, Callable[[PlacementParams], Placement]] = {"qoe": QoEPlacement}
 """Placement policies by name (`dqoes-manager --placement NAME`), built with the manager's
@@ -82,11 +85,13 @@ class Manager:
     `disconnected` and `services_for` are called from the connections' threads."""
 
     def __init__(self, engine: Engine, node_id: str, node_timeout: float = NODE_TIMEOUT_S,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, acting: bool = True) -> None:
         self.engine = engine
         self.node_id = node_id
         self.node_timeout = node_timeout
         self.placement = placement
+        self.acting = acting  # else placement's updates are recommended, not made
+        self._recommended: dict[str, float] = {}  # update: when last asked (oldest first)
         self._lock = threading.Lock()
         self._snapshot = Snapshot()
         self._owners: dict[str, str] = {}
@@ -124,8 +129,40 @@ class Manager:
                 self.placement.tick(view, now, actions)
             except Exception:  # a placement's bug must not take the manager down
                 log.exception("placement failed")
-            actions.carry_out(self.engine)
+            with self._lock:
+                acting = self.acting
+                if not acting and self._recommend(actions.updates()):
+                    view = self._view = replace(view, recommended=self._recommendations())
+            if acting:
+                actions.carry_out(self.engine)
         return view
+
+    def set_acting(self, acting: bool) -> bool:
+        """Make placement's updates from the next tick on (True), or only recommend them;
+        whether that changed anything."""
+        with self._lock:
+            if acting == self.acting:
+                return False
+            self.acting = acting
+            self._recommended.clear()
+            if self._view is not None:
+                self._view = replace(self._view, acting=acting, recommended=())
+            return True
+
+    def _recommend(self, updates: list[Update]) -> bool:
+        """(Under the lock.) Keeps `updates` as recommended now (each new one logged);
+        whether there were any."""
+        for update in updates:
+            if self._recommended.pop(update.what, None) is None:
+                log.info("placement (recommend only, not made): %s", update.what)
+            self._recommended[update.what] = time.time()
+        for what in list(self._recommended)[:-MAX_RECOMMENDED]:
+            del self._recommended[what]
+        return bool(updates)
+
+    def _recommendations(self) -> tuple[Recommendation, ...]:
+        """(Under the lock.) The updates recommended, the latest first."""
+        return tuple(Recommendation(t, what) for what, t in reversed(self._recommended.items()))
 
     def view(self) -> ClusterView | None:
         """The view of the last tick."""
@@ -197,7 +234,8 @@ class Manager:
             s.objective.metric if s.objective else None, s.error, s.updating, s.start_first,
             s.avoid) for s in sorted(services.values(), key=lambda s: s.name)]
         return ClusterView(time.time(), self.node_id, self._swarm_error, nodes,
-                           service_views, tasks)
+                           service_views, tasks, self.acting,
+                           () if self.acting else self._recommendations())
 
     def _reachability(self, node_id: str, now: float) -> str | None:
         """None if the node is reachable, else why not."""

@@ -35,7 +35,8 @@ from .server import Server
 log = logging.getLogger("dqoes-manager")
 
 TICK_S = 1.0
-OPERATIONS = {"cluster-status": False}  # name: whether it writes
+OPERATIONS = {"cluster-status": False, "cluster-act": True,
+              "cluster-recommend": True}  # name: whether it writes
 
 
 def swarm_of(engine: Engine) -> tuple[str, str, str, Path]:
@@ -55,9 +56,16 @@ def swarm_of(engine: Engine) -> tuple[str, str, str, Path]:
 
 
 def handler(manager: Manager) -> Callable[[str, dict[str, Any], Peer], Any]:
-    """The control socket's requests (OPERATIONS): the last view, as JSON."""
+    """The control socket's requests (OPERATIONS): the last view, as JSON; or a switch to
+    making placement's updates (cluster-act) or only recommending them (cluster-recommend)."""
 
     def handle(op: str, req: dict[str, Any], peer: Peer) -> Any:
+        if op in ("cluster-act", "cluster-recommend"):
+            acting = op == "cluster-act"
+            if manager.set_acting(acting):
+                log.info("switched to %s by uid %d", "acting" if acting else "recommending",
+                         peer.uid)
+            return {"acting": acting}
         view = manager.view()
         if view is None:
             raise RequestError("the manager has no view yet")
@@ -106,6 +114,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="placement: seconds a moved service stays put (default %(default)s)")
     p.add_argument("--max-moves-per-minute", type=int, default=defaults.max_moves_per_minute,
                    metavar="N", help="placement: moves over the cluster (default %(default)s)")
+    p.add_argument("--recommend", action="store_true",
+                   help="placement decides, but makes no update: dqoesctl cluster status "
+                        "shows what it would do (dqoesctl cluster act switches to acting, "
+                        "dqoesctl cluster recommend back, without a restart)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -126,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         credentials = Credentials(args.certs) if args.certs else \
             Credentials.of_data_root(data_root)
         manager = Manager(engine, node_id, args.node_timeout,
-                          PLACEMENTS[args.placement](params) if args.placement else None)
+                          PLACEMENTS[args.placement](params) if args.placement else None,
+                          acting=not args.recommend)
         manager.tick(time.monotonic())
         server = Server(manager, credentials, swarm_id, listen)
     except (EngineError, ValueError, IdentityError, OSError) as e:
@@ -146,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     notifier = Notifier()
     notifier.ready(f"node {node_id}, listening on {listen[0]}:{listen[1]}")
-    log.info("dqoes-manager %s ready: node %s of Swarm %s, agents on %s:%d, socket %s",
-             __version__, node_id, swarm_id, *server.address, args.socket)
+    log.info("dqoes-manager %s ready: node %s of Swarm %s, agents on %s:%d, socket %s%s",
+             __version__, node_id, swarm_id, *server.address, args.socket,
+             "; recommending only: placement makes no update" if args.recommend else "")
     try:
         serve(manager, control, notifier, args.tick, stopping)
     finally:

@@ -66,13 +66,19 @@ class QoEPlacement:
                      "%.2f CPUs, %.2f left there)", move.service, move.source,
                      move.destination, move.need_cores, move.room_cores)
             actions.prefer(move.service, [move.destination])
-            actions.move_away(move.service, move.source)
+            destination = view.node(move.destination)
+            actions.move_away(move.service, move.source,
+                              f"to {destination.name if destination else move.destination}: "
+                              f"stuck out of S, needs {move.need_cores:.2f} CPUs, "
+                              f"{move.room_cores:.2f} left there")
         for service_id in plan.settled:
             actions.release(service_id)
+        need = self.decision.expected_need()
         for node_id in plan.pause:
-            actions.close_node(node_id)
+            actions.close_node(node_id, "full: no room for a new task" if need is None else
+                               f"full: no room for a new task of {need:.2f} CPUs")
         for node_id in plan.resume:
-            actions.open_node(node_id)
+            actions.open_node(node_id, "room again")
 
     def _log_stuck(self, view: ClusterView, before: dict[str, float], now: float) -> None:
         """A line when a task becomes stuck and when it stops being: how long a move waits,

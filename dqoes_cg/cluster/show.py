@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from ..duration import format_duration
 from ..table import format_table
 from .view import ClusterView
@@ -46,6 +48,12 @@ def format_cluster(view: ClusterView) -> str:
     lines = [format_table(nodes), "", format_table(services), "", format_table(tasks), "",
              f"|S| {view.satisfied()} of {len(view.tasks)} tasks | nodes {up} of "
              f"{len(view.nodes)} up"]
+    if not view.acting:
+        lines.append("recommend only: placement makes no update (dqoesctl cluster act to "
+                     "make them); it would make:" if view.recommended else
+                     "recommend only: placement makes no update, and would make none now")
+        lines.extend(f"  {time.strftime('%H:%M:%S', time.localtime(r.time_unix))}  {r.what}"
+                     for r in view.recommended)
     if view.swarm_error:
         lines.append(f"! Swarm's API does not answer ({view.swarm_error}): the last view "
                      "of Swarm is shown")

@@ -49,6 +49,11 @@ Actions (what a placement may ask; each is a Swarm service or node update, see a
   when no other active ready node would be left.
 - `open_node(node_id)`: a node the manager paused is active again (a node an operator
   paused or drained is left alone).
+`move_away`, `close_node` and `open_node` take a `why` too, shown with the update.
+
+A manager that only recommends (`dqoes-manager --recommend`, `dqoesctl cluster recommend`)
+makes none of these updates: the view says so (`acting` false) and lists the updates its
+placement asked for recently (`recommended`, each with when it was last asked).
 
 Fields are only ever added; `from_json` ignores the fields it does not know.
 """
@@ -124,6 +129,14 @@ class TaskView:
 
 
 @dataclass(frozen=True)
+class Recommendation:
+    """An update placement asked for and a recommending manager did not make."""
+
+    time_unix: float  # when it was last asked
+    what: str  # which node or service, to what, and why
+
+
+@dataclass(frozen=True)
 class ClusterView:
     time_unix: float
     manager: str  # the node ID of the manager that built it
@@ -131,6 +144,8 @@ class ClusterView:
     nodes: list[NodeView]
     services: list[ServiceView]
     tasks: list[TaskView]
+    acting: bool = True  # False: placement's updates are recommended, not made
+    recommended: tuple[Recommendation, ...] = ()  # while not acting, the latest first
 
     def node(self, node_id: str) -> NodeView | None:
         return next((n for n in self.nodes if n.id == node_id), None)
@@ -156,21 +171,23 @@ class ClusterView:
                    [known_fields(NodeView, n) for n in doc["nodes"]],
                    [known_fields(ServiceView, {**s, "avoid": tuple(s.get("avoid", ()))})
                     for s in doc["services"]],
-                   [known_fields(TaskView, {**t, "cls": t["class"]}) for t in doc["tasks"]])
+                   [known_fields(TaskView, {**t, "cls": t["class"]}) for t in doc["tasks"]],
+                   doc.get("acting", True) is not False,
+                   tuple(known_fields(Recommendation, r) for r in doc.get("recommended", ())))
 
 
 class Actions(Protocol):
     """What a placement may ask of the manager (carried out after the tick)."""
 
-    def move_away(self, service_id: str, node_id: str) -> None: ...
+    def move_away(self, service_id: str, node_id: str, why: str = "") -> None: ...
 
     def prefer(self, service_id: str, node_ids: Collection[str]) -> None: ...
 
     def release(self, service_id: str) -> None: ...
 
-    def close_node(self, node_id: str) -> None: ...
+    def close_node(self, node_id: str, why: str = "full") -> None: ...
 
-    def open_node(self, node_id: str) -> None: ...
+    def open_node(self, node_id: str, why: str = "") -> None: ...
 
 
 class Placement(Protocol):
