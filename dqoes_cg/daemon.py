@@ -25,8 +25,8 @@ from .cgroup import CgroupError
 from .config import Config
 from .control import ControlServer, Peer
 from .controller import Controller
-from .engine import DOCKER_SOCKET, PODMAN_SOCKET
-from .engines import Docker
+from .engines.client import DOCKER_SOCKET, PODMAN_SOCKET
+from .engines.followed import FollowedEngine
 from .logs import setup_logging
 from .metrics import MetricsServer, parse_listen
 from .policy import POLICIES, PolicyParams
@@ -152,13 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
 
     metrics = None
-    docker = None
+    engine = None
     engine_socket = None if str(args.engine_socket) in ("", ".") else args.engine_socket
     try:
-        docker = Docker(cfg, engine_socket, args.podman_socket) if engine_socket else None
+        engine = FollowedEngine(cfg, engine_socket, args.podman_socket) if engine_socket else None
         controller = Controller(cfg, limiter=limiter,
-                                watcher=docker.watcher if docker else None,
-                                runtimes=docker.runtimes if docker else ())
+                                watcher=engine.watcher if engine else None,
+                                runtimes=engine.runtimes if engine else ())
         server = ControlServer(args.socket or cfg.socket, handle,
                                {op: o.write for op, o in api.OPERATIONS.items()},
                                group=args.group, public_read=args.public_status)
@@ -167,12 +167,12 @@ def main(argv: list[str] | None = None) -> int:
             log.info("metrics at http://%s:%d/metrics", *metrics.address)
     except (CgroupError, OSError, KeyError, ValueError) as e:
         log.error("cannot start: %s", e)
-        if docker is not None:
-            docker.close()
+        if engine is not None:
+            engine.close()
         limiter.close()
         return 1
-    if docker is not None:
-        docker.start()
+    if engine is not None:
+        engine.start()
 
     notifier.ready(controller.summary())
     log.info("dqoesd %s ready: %s, policy %s, socket %s", __version__, controller.summary(),
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         if metrics is not None:
             metrics.close()
         server.close()
-        if docker is not None:
-            docker.close()
+        if engine is not None:
+            engine.close()
         with lock:
             controller.shutdown()
         limiter.close()  # the restored limits of systemd units go out before we exit

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
-from ..engine import Engine, EngineError
+from ..engines.client import Engine, EngineError
 from . import swarmapi
 from .view import ClusterView, ServiceView
 

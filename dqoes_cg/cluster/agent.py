@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..control import DaemonUnavailable, RequestError, request
-from ..engine import DOCKER_SOCKET, Engine, EngineError
+from ..engines.client import DOCKER_SOCKET, Engine, EngineError
 from ..logs import setup_logging
 from ..paths import DEFAULT_SOCKET
 from ..status import Status

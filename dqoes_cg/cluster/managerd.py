@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import __version__
 from ..control import ControlServer, Peer, RequestError
-from ..engine import DOCKER_SOCKET, Engine, EngineError
+from ..engines.client import DOCKER_SOCKET, Engine, EngineError
 from ..logs import RateLimitedLog, setup_logging
 from ..paths import MANAGER_SOCKET
 from ..sdnotify import Notifier
