@@ -3,7 +3,8 @@
 A request is one JSON object on one line, ``{"version": 1, "op": OP, ...arguments}``; the
 reply is one line, ``{"version": 1, "ok": true, "result": ...}`` or
 ``{"version": 1, "ok": false, "error": "one-line message"}``, and the daemon closes the
-connection. The operations and their arguments are the daemon's (api.py).
+connection (the framing is jsonline.py's, the cluster's channel's too). The operations and
+their arguments are the daemon's (api.py).
 
 Write operations need root or membership of the configured group; read operations need the
 same unless the daemon was started with --public-status. The peer is identified by
@@ -22,7 +23,6 @@ served (up to MAX_ROOT_CLIENTS).
 from __future__ import annotations
 
 import grp
-import json
 import logging
 import os
 import selectors
@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .jsonline import decode, encode, take_line
 
 log = logging.getLogger(__name__)
 
@@ -187,20 +189,22 @@ class ControlServer:
         except OSError:
             chunk = b""
         client.request += chunk
-        if b"\n" in client.request:
-            self._answer(conn, bytes(client.request.split(b"\n", 1)[0]))
+        try:
+            line = take_line(client.request, MAX_REQUEST)
+        except ValueError:
+            self._answer(conn, None)
+            return
+        if line is not None:
+            self._answer(conn, line)
         elif not chunk:
             self._drop(conn)
-        elif len(client.request) > MAX_REQUEST:
-            self._answer(conn, None)
 
     def _answer(self, conn: socket.socket, line: bytes | None) -> None:
         client = self._clients[conn]
-        data = json.dumps(self._reply(client.peer, line)).encode() + b"\n"
+        data = encode(self._reply(client.peer, line))
         if client.peer.uid != 0:
             if self._buffered + len(data) > MAX_BUFFERED:
-                data = json.dumps(_error("daemon busy: too many unread replies; try again")
-                                  ).encode() + b"\n"
+                data = encode(_error("daemon busy: too many unread replies; try again"))
             self._buffered += len(data)
         client.reply = memoryview(data)
         client.deadline = time.monotonic() + CLIENT_DEADLINE_S
@@ -229,11 +233,9 @@ class ControlServer:
             if line is None:
                 raise RequestError(f"request larger than {MAX_REQUEST} bytes")
             try:
-                req = json.loads(line)
-            except (ValueError, UnicodeDecodeError, RecursionError) as e:
-                raise RequestError("request is not valid JSON (or nested too deeply)") from e
-            if not isinstance(req, dict):
-                raise RequestError("request must be a JSON object")
+                req = decode(line)
+            except ValueError as e:
+                raise RequestError(f"request {e}") from None
             if req.get("version") != PROTOCOL_VERSION:
                 raise RequestError(f"protocol version {req.get('version')!r:.40} not "
                                    f"supported (daemon speaks {PROTOCOL_VERSION})")
@@ -298,8 +300,7 @@ def request(path: Path, op: str, timeout: float = 10.0, **args: Any) -> Any:
         except BlockingIOError as e:  # EAGAIN: the listen backlog is full
             raise DaemonUnavailable(f"daemon busy (the backlog of {path} is full); "
                                     "try again") from e
-        sock.sendall(json.dumps({"version": PROTOCOL_VERSION, "op": op, **args}).encode()
-                     + b"\n")
+        sock.sendall(encode({"version": PROTOCOL_VERSION, "op": op, **args}))
         data = bytearray()
         while not data.endswith(b"\n"):
             chunk = sock.recv(1 << 20)
@@ -314,7 +315,7 @@ def request(path: Path, op: str, timeout: float = 10.0, **args: Any) -> Any:
     finally:
         sock.close()
     try:
-        reply = json.loads(data)
+        reply = decode(data)
     except ValueError as e:
         raise DaemonUnavailable("daemon closed the connection without a valid reply") from e
     if not reply.get("ok"):

@@ -49,6 +49,7 @@ from .cgroup import (
 )
 from .cgtable import FDS_PER_CGROUP, CgroupTable, open_file_limit
 from .config import Config
+from .engines.watcher import Watcher
 from .fleet import Fleet
 from .membership.engine_targets import EngineTargets
 from .membership.objective import ENGINE_SOURCES, Objective, Target
@@ -60,7 +61,6 @@ from .snapshot import Counters, build
 from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
-from .watcher import Watcher
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class Controller:
                 log.error("cannot record new bindings: %s", e)
 
     def push_service_labels(self, service_id: str, labels: dict[str, str] | None) -> None:
-        """A Swarm service's labels, from whoever knows them (see watcher.py)."""
+        """A Swarm service's labels, from whoever knows them (see engines/watcher.py)."""
         self.engine_targets.push_service_labels(service_id, labels)
 
     # --- requests ----------------------------------------------------------------------

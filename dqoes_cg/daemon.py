@@ -11,23 +11,20 @@ Two threads help, off the loop: one tells systemd the limits of cgroups that are
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import logging
-import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__, api
+from . import __version__, api, startup
 from .cgroup import CgroupError
 from .config import Config
 from .control import ControlServer, Peer
 from .controller import Controller
-from .engine import DOCKER_SOCKET, PODMAN_SOCKET
-from .engines import Docker
-from .logs import setup_logging
+from .engines.client import DOCKER_SOCKET, PODMAN_SOCKET
+from .engines.followed import FollowedEngine
 from .metrics import MetricsServer, parse_listen
 from .policy import POLICIES, PolicyParams
 from .sdnotify import Notifier
@@ -40,21 +37,9 @@ SNAPSHOT_WAIT_S = 0.5
 snapshot."""
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows an option's default unless it has none or its text already says it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if action.default is None or "default" in text or action.default is False:
-            return text
-        return super()._get_help_string(action)
-
-
 def _parser() -> argparse.ArgumentParser:
     d, pp = Config(), PolicyParams()
-    p = argparse.ArgumentParser(prog="dqoesd", description=__doc__.split("\n\n")[0],
-                                formatter_class=_HelpFormatter)
-    p.add_argument("--version", action="version", version=f"dqoesd {__version__}")
+    p = startup.parser("dqoesd", __doc__)
     p.add_argument("--sample-interval", type=float, default=d.sample_interval,
                    help="seconds between ticks (sample, reconcile)")
     p.add_argument("--state-dir", type=Path, default=d.state_dir,
@@ -98,7 +83,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="sense and decide, but write no limit: status shows the limit it "
                         "would set and the class it expects (dqoesctl act switches to acting, "
                         "dqoesctl recommend back, without a restart)")
-    p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
@@ -110,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         params = PolicyParams(args.alpha, args.beta, args.interval, args.max_interval)
     except ValueError as e:
         parser.error(str(e))
-    setup_logging(args.verbose)
-    faulthandler.enable()  # a hung loop killed by the watchdog (SIGABRT) logs where it hung
+    # Before the control socket exists: a client that sees it may signal us at once.
+    stopping = startup.start(args.verbose, log)
     cfg = Config(
         sample_interval=args.sample_interval, state_dir=args.state_dir, run_dir=args.run_dir,
         mount=args.cgroup_mount, cpus=args.cpus, policy=args.policy, params=params,
@@ -140,25 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             lock.release()
 
-    # Before the control socket exists: a client that sees it may signal us at once.
-    stopping = threading.Event()
-
-    def stop(signum: int, _frame: object) -> None:
-        if not stopping.is_set():
-            log.info("%s: stopping", signal.Signals(signum).name)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-
     metrics = None
-    docker = None
+    engine = None
     engine_socket = None if str(args.engine_socket) in ("", ".") else args.engine_socket
     try:
-        docker = Docker(cfg, engine_socket, args.podman_socket) if engine_socket else None
+        engine = FollowedEngine(cfg, engine_socket, args.podman_socket) if engine_socket else None
         controller = Controller(cfg, limiter=limiter,
-                                watcher=docker.watcher if docker else None,
-                                runtimes=docker.runtimes if docker else ())
+                                watcher=engine.watcher if engine else None,
+                                runtimes=engine.runtimes if engine else ())
         server = ControlServer(args.socket or cfg.socket, handle,
                                {op: o.write for op, o in api.OPERATIONS.items()},
                                group=args.group, public_read=args.public_status)
@@ -167,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             log.info("metrics at http://%s:%d/metrics", *metrics.address)
     except (CgroupError, OSError, KeyError, ValueError) as e:
         log.error("cannot start: %s", e)
-        if docker is not None:
-            docker.close()
+        if engine is not None:
+            engine.close()
         limiter.close()
         return 1
-    if docker is not None:
-        docker.start()
+    if engine is not None:
+        engine.start()
 
     notifier.ready(controller.summary())
     log.info("dqoesd %s ready: %s, policy %s, socket %s", __version__, controller.summary(),
@@ -196,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         if metrics is not None:
             metrics.close()
         server.close()
-        if docker is not None:
-            docker.close()
+        if engine is not None:
+            engine.close()
         with lock:
             controller.shutdown()
         limiter.close()  # the restored limits of systemd units go out before we exit

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from dqoes_cg.cgroup import find_cgroup2_mount, resolve
 from dqoes_cg.control import request
-from dqoes_cg.engine import Engine, EngineError
+from dqoes_cg.engines.client import Engine, EngineError
+from dqoes_cg.engines.volume_driver import DRIVER, SOCKET_NAME, SPEC_FILE, VOLUMES_DIR, plugin_spec
 from dqoes_cg.ring import RING_FILE
 from dqoes_cg.status import Status
-from dqoes_cg.volumes import DRIVER, SOCKET_NAME, SPEC_FILE, VOLUMES_DIR, plugin_spec
 from lab.guest.e2e import Docker, artifacts
 from lab.guest.routing import IN_GUEST_ENV
 from lab.guest.systemd_guest import SYSTEMD_GUEST_TOOLS

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dqoes_cg.cluster.swarmapi import PAUSED_LABEL
-from dqoes_cg.volumes import DRIVER, SOCKET_NAME, plugin_spec
+from dqoes_cg.engines.volume_driver import DRIVER, SOCKET_NAME, plugin_spec
 from lab.shell import sh, wait_for
 from lab.swarm import Node, Swarm
 

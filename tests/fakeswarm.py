@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dqoes_cg.control import ControlServer, Peer
-from dqoes_cg.engine import EngineError
+from dqoes_cg.engines.client import EngineError
 
 
 def node_doc(node_id: str, hostname: str, role: str = "worker", state: str = "ready",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dqoes_cg.cgroup import find_cgroup2_mount
-from dqoes_cg.volumes import SPEC_FILE
+from dqoes_cg.engines.volume_driver import SPEC_FILE
 from lab.images import DOCKER
 
 

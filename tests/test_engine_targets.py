@@ -13,9 +13,9 @@ import pytest
 
 from dqoes_cg.cgroup import CgroupError, Kind, Resolved
 from dqoes_cg.membership import engine_targets
+from dqoes_cg.membership.engine_targets import Changes, Seen
 from dqoes_cg.membership.objective import Objective
 from dqoes_cg.membership.targets import TargetError
-from dqoes_cg.watcher import Changes, Seen
 from lab.fakecg import make_cgroup
 from tests.test_controller import ORIGINAL, Host, _cpu_max
 

@@ -1,5 +1,5 @@
-"""The dqoes volume driver (volumes.py): Docker's plugin protocol, and the ring volumes it
-makes: real tmpfs mounts on the real kernel (the guest), one per container."""
+"""The dqoes volume driver (engines/volume_driver.py): Docker's plugin protocol, and the ring
+volumes it makes: real tmpfs mounts on the real kernel (the guest), one per container."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dqoes_cg import volumes
-from dqoes_cg.ring import RingSet, Status
-from dqoes_cg.volumes import (
+from dqoes_cg.engines import volume_driver
+from dqoes_cg.engines.volume_driver import (
     MAX_REQUEST,
     KernelMounts,
     Mounts,
@@ -25,6 +24,7 @@ from dqoes_cg.volumes import (
     VolumePlugin,
     unit_name,
 )
+from dqoes_cg.ring import RingSet, Status
 
 CAPACITY = 1024
 DEADLINE_S = 60.0  # a loaded 2-core host
@@ -215,7 +215,7 @@ def test_a_client_hanging_up_before_its_reply_is_one_line_a_minute(
 
 def test_a_dripping_client_costs_only_its_own_connection(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(volumes, "REQUEST_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(volume_driver, "REQUEST_TIMEOUT_S", 1.0)
     plugin = VolumePlugin(VolumeDriver(tmp_path / "run", CAPACITY, NoMounts()),
                           tmp_path / "plugin.sock")
     cut_off, stop = threading.Event(), threading.Event()
@@ -243,7 +243,7 @@ def test_a_dripping_client_costs_only_its_own_connection(
 
 
 def test_connections_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(volumes, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(volume_driver, "MAX_CONNECTIONS", 4)
     plugin = VolumePlugin(VolumeDriver(tmp_path / "run", CAPACITY, NoMounts()),
                           tmp_path / "plugin.sock")
     idle = [socket.socket(socket.AF_UNIX) for _ in range(4)]

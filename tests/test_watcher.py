@@ -1,5 +1,5 @@
-"""Following a container engine (engine.py, watcher.py) against a fake engine on a unix
-socket: listing at connect, events, reconnects, coalescing, service labels, bounds."""
+"""Following a container engine (engines/client.py, engines/watcher.py) against a fake engine
+on a unix socket: listing at connect, events, reconnects, coalescing, service labels, bounds."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dqoes_cg.cgroup import CgroupError, Kind, Resolved
-from dqoes_cg.engine import (
+from dqoes_cg.engines.client import (
     MAX_LABEL_CHARS,
     MAX_LABELS,
     SERVICE_ID,
@@ -22,11 +22,12 @@ from dqoes_cg.engine import (
     parse_container,
     parse_event,
 )
-from dqoes_cg.engines import NameAsker
+from dqoes_cg.engines.followed import NameAsker
+from dqoes_cg.engines.watcher import Watcher
+from dqoes_cg.membership.engine_targets import Changes, Seen
 from dqoes_cg.membership.labels import objective
 from dqoes_cg.membership.objective import Objective
 from dqoes_cg.ring import ring_dir_name
-from dqoes_cg.watcher import Changes, Seen, Watcher
 from tests.fakeengine import FakeEngine
 
 LABELS = {"dqoes.target": "40ms"}

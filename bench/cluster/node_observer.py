@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from dqoes_cg.engine import EngineError
+from dqoes_cg.engines.client import EngineError
+from dqoes_cg.engines.volume_driver import DRIVER
 from dqoes_cg.ring import RING_FILE
-from dqoes_cg.volumes import DRIVER
 from lab.swarm import SERVICE_LABEL, Engine
 from lab.testbed import Observer
 

@@ -39,8 +39,8 @@ from bench.experiments.real import daemon_args
 from bench.experiments.scenarios import RANDOM_RATIOS, REAL_PARAMS
 from bench.experiments.sim import Container, Curve
 from dqoes_cg.cluster.placement import PlacementParams
+from dqoes_cg.engines.volume_driver import VOLUMES_DIR
 from dqoes_cg.policy import DEFAULT_POLICY
-from dqoes_cg.volumes import VOLUMES_DIR
 
 from .oracle import cluster_oracle
 from .run import ClusterRun, Moved

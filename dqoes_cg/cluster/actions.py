@@ -21,7 +21,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..engine import Engine, EngineError
+from ..engines.client import Engine, EngineError
 from . import swarmapi
 from .view import ClusterView, ServiceView
 

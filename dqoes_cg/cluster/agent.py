@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import socket
 import ssl
 import sys
@@ -33,10 +32,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, startup
 from ..control import DaemonUnavailable, RequestError, request
-from ..engine import DOCKER_SOCKET, Engine, EngineError
-from ..logs import setup_logging
+from ..engines.client import DOCKER_SOCKET, Engine, EngineError
 from ..paths import DEFAULT_SOCKET
 from ..status import Status
 from .identity import Credentials, IdentityError, peer_identity
@@ -334,8 +332,7 @@ class Agent:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dqoes-agent", description=__doc__.split("\n\n")[0])
-    p.add_argument("--version", action="version", version=f"dqoes-agent {__version__}")
+    p = startup.parser("dqoes-agent", __doc__)
     p.add_argument("--engine-socket", type=Path, default=DOCKER_SOCKET,
                    help="the node's Docker engine (default %(default)s)")
     p.add_argument("--socket", type=Path, default=DEFAULT_SOCKET,
@@ -347,17 +344,13 @@ def _parser() -> argparse.ArgumentParser:
                         "certificates of its engine)")
     p.add_argument("--interval", type=float, default=REPORT_INTERVAL_S,
                    help="seconds between reports (default %(default)s)")
-    p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    setup_logging(args.verbose)
+    stopping = startup.start(args.verbose, log)
     agent = Agent(Engine(args.engine_socket), args.socket, args.port, args.certs)
-    stopping = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.set())
     log.info("dqoes-agent %s: dqoesd at %s, engine at %s", __version__, args.socket,
              args.engine_socket)
     try:

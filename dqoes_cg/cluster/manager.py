@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..engine import Engine, EngineError
+from ..engines.client import Engine, EngineError
 from ..logs import RateLimitedLog
 from . import swarmapi
 from .actions import SwarmActions, Update

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -20,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, startup
 from ..control import ControlServer, Peer, RequestError
-from ..engine import DOCKER_SOCKET, Engine, EngineError
-from ..logs import RateLimitedLog, setup_logging
+from ..engines.client import DOCKER_SOCKET, Engine, EngineError
+from ..logs import RateLimitedLog
 from ..paths import MANAGER_SOCKET
 from ..sdnotify import Notifier
 from .identity import Credentials, IdentityError
@@ -84,8 +83,7 @@ def parse_listen(text: str, default_host: str) -> tuple[str, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dqoes-manager", description=__doc__.split("\n\n")[0])
-    p.add_argument("--version", action="version", version=f"dqoes-manager {__version__}")
+    p = startup.parser("dqoes-manager", __doc__)
     p.add_argument("--engine-socket", type=Path, default=DOCKER_SOCKET,
                    help="the manager node's Docker engine (default %(default)s)")
     p.add_argument("--listen", default=str(CLUSTER_PORT), metavar="[ADDR:]PORT",
@@ -118,7 +116,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="placement decides, but makes no update: dqoesctl cluster status "
                         "shows what it would do (dqoesctl cluster act switches to acting, "
                         "dqoesctl cluster recommend back, without a restart)")
-    p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
@@ -130,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                                  max_moves_per_minute=args.max_moves_per_minute)
     except ValueError as e:
         parser.error(str(e))
-    setup_logging(args.verbose)
+    stopping = startup.start(args.verbose, log)
     engine = Engine(args.engine_socket)
     try:
         node_id, swarm_id, address, data_root = swarm_of(engine)
@@ -153,9 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         server.close()
         return 1
-    stopping = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.set())
     server.start()
     notifier = Notifier()
     notifier.ready(f"node {node_id}, listening on {listen[0]}:{listen[1]}")

@@ -1,5 +1,6 @@
-"""The messages between a node's agent and the manager, and their framing: one JSON object
-per line, at most MAX_LINE bytes, on the mutual-TLS channel (identity.py).
+"""The messages between a node's agent and the manager, on the mutual-TLS channel
+(identity.py): one JSON object per line, at most MAX_LINE bytes (jsonline.py, the framing
+of the control socket too).
 
     agent -> manager   {"v": 1, "type": "report", "seq": N, "budget_cpus": 0.5,
                         "used_cpus": 0.31, "engine": true, "controller": true,
@@ -19,7 +20,6 @@ containers. Both ends treat what they receive as hostile: anything malformed is 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import socket
@@ -27,6 +27,7 @@ import ssl
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..jsonline import decode, encode, take_line
 from ..membership.labels import MAX_VALUE, PREFIX
 from ..membership.objective import METRICS
 
@@ -103,11 +104,9 @@ Message = Report | Ack | Services
 def parse(line: bytes) -> Message:
     """The message on one line; ProtocolError if it is not a well-formed one."""
     try:
-        doc = json.loads(line)
-    except (ValueError, RecursionError):
-        raise ProtocolError("a message that is not JSON") from None
-    if not isinstance(doc, dict):
-        raise ProtocolError("a message that is not an object")
+        doc = decode(line)
+    except ValueError as e:
+        raise ProtocolError(f"a message that {e}") from None
     if doc.get("v") != VERSION:
         raise ProtocolError(f"protocol version {doc.get('v')!r:.20} (this end speaks "
                             f"{VERSION})")
@@ -231,15 +230,18 @@ class Channel:
     def send(self, message: Message, timeout: float) -> None:
         """OSError (TimeoutError) if it cannot go out within `timeout` seconds."""
         self.sock.settimeout(timeout)
-        self.sock.sendall(json.dumps(message.to_json(), separators=(",", ":")).encode()
-                          + b"\n")
+        self.sock.sendall(encode(message.to_json()))
 
     def receive(self, timeout: float) -> Message | None:
         """The next message, or None if none came within `timeout` seconds. ProtocolError
         for a malformed one, ConnectionError when the peer closed the connection."""
-        while b"\n" not in self._buffer:
-            if len(self._buffer) > MAX_LINE:
-                raise ProtocolError(f"a message longer than {MAX_LINE} bytes")
+        while True:
+            try:
+                line = take_line(self._buffer, MAX_LINE)
+            except ValueError as e:
+                raise ProtocolError(f"a message that {e}") from None
+            if line is not None:
+                return parse(line)
             self.sock.settimeout(timeout)
             try:
                 chunk = self.sock.recv(65536)
@@ -248,11 +250,6 @@ class Channel:
             if not chunk:
                 raise ConnectionError("the peer closed the connection")
             self._buffer += chunk
-        line, _, rest = bytes(self._buffer).partition(b"\n")
-        self._buffer = bytearray(rest)
-        if len(line) > MAX_LINE:
-            raise ProtocolError(f"a message longer than {MAX_LINE} bytes")
-        return parse(line)
 
     def close(self) -> None:
         try:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Engine, EngineError, parse_labels
+from ..engines.client import Engine, EngineError, parse_labels
 from ..membership.labels import effective, objective, ours
 from ..membership.objective import Objective
 

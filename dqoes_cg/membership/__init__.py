@@ -7,8 +7,10 @@
                   re-adopted, each change persisted first (state.py is the journal)
     rings.py      each target's ring path: its volume's, or its own, made and removed with it
     engine_targets.py  the targets that follow the container engine's labels, applied
-                  once per tick (the controller calls it)
+                  once per tick (the controller calls it), and what the engine's watcher
+                  (engines/watcher.py) reports to it: `Seen`, `Changes`
 
-The controller reads the bound set by its version (`Targets.version`) and rebuilds its
+Nothing here imports the engines (engines/): they import membership's vocabulary. The
+controller reads the bound set by its version (`Targets.version`) and rebuilds its
 per-slot tables when it moves.
 """

@@ -1,6 +1,7 @@
 """Targets from the container engine's labels: they come, change and go with their
-containers, as the watcher (watcher.py) sees them; a target set by dqoesctl on the same
-name wins. The controller calls `follow` once per tick, first, so that a container that
+containers, as the watcher (engines/watcher.py) reports them (`Seen`, `Changes`: defined
+here, so that membership imports nothing of the engines); a target set by dqoesctl on the
+same name wins. The controller calls `follow` once per tick, first, so that a container that
 just started is sensed at once; what a tick cannot apply within ENGINE_BUDGET_S waits for
 the next ones.
 """
@@ -9,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
-from ..cgroup import CgroupError
+from ..cgroup import CgroupError, Resolved
 from ..state import StateError
-from ..watcher import Seen, Watcher
 from .objective import ENGINE_SOURCES, Objective, Target
 from .rings import Rings
 from .targets import TargetError, Targets
@@ -26,6 +27,40 @@ ENGINE_BUDGET_S = 0.25
 each costs a state line written through to disk and a ring, 0.5 to 7 ms with the disk,
 and 10,000 containers arriving at once took one tick of 32 s, requests unanswered
 meanwhile; the rest wait for the next ticks."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A running container that dqoes-cg has to do with: it has `dqoes.` labels (its own
+    or its service's), or a volume of the dqoes volume driver."""
+
+    id: str
+    name: str  # a malformed one's stand-in, "<...>": no container name has that form
+    objective: Objective | None  # None: no target in its labels
+    source: str  # "label" (its own labels) or "service" (its service's)
+    error: str | None  # why its labels are refused (then objective is None)
+    cgroup: Resolved | CgroupError
+    ring: Path | None  # the ring of its dqoes volume, if it has one
+
+
+@dataclass
+class Changes:
+    """What the watcher saw change since the loop last asked."""
+
+    listed: bool  # a full listing: containers not in `seen` since are gone
+    seen: dict[str, Seen | None] = field(default_factory=dict)  # by container ID; None: gone
+
+
+class Following(Protocol):
+    """The engine's watcher (engines/watcher.py), as far as the targets need it."""
+
+    def take(self) -> Changes | None:
+        """What changed since the last call (None: nothing)."""
+        ...
+
+    def push_service_labels(self, service_id: str, labels: dict[str, str] | None) -> None:
+        """A Swarm service's labels, from a component that knows them (None: forget them)."""
+        ...
 
 
 class Owner(Protocol):
@@ -53,7 +88,7 @@ class EngineTargets:
     change; `refollow` lets a container's labels take over again once dqoesctl's target on
     its name is gone; `refused` lists the containers whose labels were refused."""
 
-    def __init__(self, watcher: Watcher | None, targets: Targets, rings: Rings) -> None:
+    def __init__(self, watcher: Following | None, targets: Targets, rings: Rings) -> None:
         self.watcher = watcher
         self.targets = targets
         self.rings = rings
@@ -106,7 +141,7 @@ class EngineTargets:
         return [s for s in self._seen.values() if s.error and s.name not in self.targets]
 
     def push_service_labels(self, service_id: str, labels: dict[str, str] | None) -> None:
-        """A Swarm service's labels, from whoever knows them (see watcher.py)."""
+        """A Swarm service's labels, from whoever knows them (see engines/watcher.py)."""
         if self.watcher is None:
             raise TargetError("dqoesd follows no container engine (--engine-socket)")
         self.watcher.push_service_labels(service_id, labels)

@@ -50,10 +50,10 @@ from jeepney import new_method_call
 from jeepney.io.blocking import open_dbus_connection
 from jeepney.wrappers import DBusErrorResponse, unwrap_msg
 
-from ._native import lib
-from .logs import RateLimitedLog
-from .ring import RING_FILE, create_ring
-from .systemd_units import CALL_TIMEOUT_S, SYSTEM_BUS, SYSTEMD_MANAGER
+from .._native import lib
+from ..logs import RateLimitedLog
+from ..ring import RING_FILE, create_ring
+from ..systemd_units import CALL_TIMEOUT_S, SYSTEM_BUS, SYSTEMD_MANAGER
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What dqoesd does with container engines, put together: follow one engine's containers
-and services (watcher.py), serve it the dqoes volume driver (volumes.py), and ask the
-engines for container names (cgroup.Runtime), Docker's first, then Podman's.
+and services (watcher.py), serve it the dqoes volume driver (volume_driver.py), and ask the
+engines for container names (cgroup.Runtime), the followed one's first, then Podman's.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import logging
 import threading
 from pathlib import Path
 
-from .cgroup import CgroupError, Resolved, Runtime, find_cgroup2_mount, resolve
-from .config import Config
-from .engine import Container, Engine, EngineError
-from .volumes import SOCKET_NAME, VolumeDriver, VolumePlugin, default_mounts
+from ..cgroup import CgroupError, Resolved, Runtime, find_cgroup2_mount, resolve
+from ..config import Config
+from .client import Container, Engine, EngineError
+from .volume_driver import SOCKET_NAME, VolumeDriver, VolumePlugin, default_mounts
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ NAME_TIMEOUT_S = 2.0  # for an engine's answer to a name
 ANSWER_WAIT_S = 0.25  # the daemon's loop waits for it, at most
 
 
-class Docker:
+class FollowedEngine:
     """The engine at `socket` (Docker's or Podman's), followed; Podman's at `podman`
     asked for names too when it is another one."""
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .membership.labels import KNOWN, PREFIX
+from ..membership.labels import KNOWN, PREFIX
 
 API = "/v1.41"  # Docker 20.10's; Docker's later engines and Podman's compatible API accept it
 DOCKER_SOCKET = Path("/run/docker.sock")

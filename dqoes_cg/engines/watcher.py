@@ -24,13 +24,12 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cgroup import CgroupError, Resolved
-from .engine import Container, Engine, EngineError, EventStream, check_container_name
-from .membership.labels import effective, objective, ours
-from .membership.objective import Objective
+from ..cgroup import CgroupError, Resolved
+from ..membership.engine_targets import Changes, Seen
+from ..membership.labels import effective, objective, ours
+from .client import Container, Engine, EngineError, EventStream, check_container_name
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +39,6 @@ SERVICE_ACTIONS = frozenset({"create", "update", "remove"})
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 5.0
 
 ResolvePid = Callable[[int], Resolved | CgroupError]
-
-
-@dataclass(frozen=True)
-class Seen:
-    """A running container that dqoes-cg has to do with: it has `dqoes.` labels (its own
-    or its service's), or a volume of the dqoes volume driver."""
-
-    id: str
-    name: str  # a malformed one's stand-in, "<...>": no container name has that form
-    objective: Objective | None  # None: no target in its labels
-    source: str  # "label" (its own labels) or "service" (its service's)
-    error: str | None  # why its labels are refused (then objective is None)
-    cgroup: Resolved | CgroupError
-    ring: Path | None  # the ring of its dqoes volume, if it has one
-
-
-@dataclass
-class Changes:
-    listed: bool  # a full listing: containers not in `seen` since are gone
-    seen: dict[str, Seen | None] = field(default_factory=dict)  # by container ID; None: gone
 
 
 class Watcher:
