@@ -23,10 +23,15 @@ from bench.experiments.analysis import (
     interchangeable,
     noisy_bound,
     oracle,
+    oracle_caps,
     outcome,
+    packed_caps,
     phase_outcomes,
     phases,
+    real_caps,
+    real_oracle,
 )
+from bench.experiments.runs import HELD
 from bench.experiments.scenarios import (
     NOMINAL_CURVES,
     PAPER_PARAMS,
@@ -277,6 +282,39 @@ def test_a_slowdown_and_the_drift_scale_every_request() -> None:
     assert np.corrcoef(log[:-lag], log[lag:])[0, 1] == pytest.approx(math.exp(-1), abs=0.05)
 
 
+def test_the_real_oracle_counts_the_speed_the_packing_and_the_unknown_scatter() -> None:
+    curves = {"tiny": Curve(SOLO)}
+    # Five single-threaded targets needing 0.38 CPU on 2 CPUs (the floor 0.2): all five fit
+    # in 1.9 CPUs nominally; 6% slower, only four (the fifth's 0.40 would make 2.02).
+    five = Node(2.0, tuple(Container(f"c{i}", "tiny", SOLO / (0.38 * 1.1)) for i in range(5)))
+    assert oracle(five, curves) == 5
+    assert real_oracle(five, curves, 0.0) == 5
+    assert real_oracle(five, curves, 0.0, speed=1.06) == 4
+    # Packed, five caps of 0.38 filling 95% of the CPUs, three on one of them, get less
+    # than that: caps that deliver 0.38 each do not fit.
+    assert real_oracle(five, curves, 0.0, packing=True) == 4
+    packed = packed_caps(np.full(5, 0.38), np.ones(5, bool), 2.0)
+    assert (packed > 0.38).all() and packed.sum() > 2.0
+    # Noise: one container with CPU to spare is in S in the median window if most windows
+    # see it in its band; at a scatter of a band's width, no more than ceil(noisy_bound).
+    alone = Node(2.0, (Container("a", "tiny", SOLO / 0.5),))
+    assert real_oracle(alone, curves, 0.05) == 1
+    ten = Node(2.0, tuple(Container(f"c{i}", "tiny", SOLO / 0.15) for i in range(10)))
+    assert oracle(ten, curves) == 10
+    assert real_oracle(ten, curves, 0.1) == math.ceil(noisy_bound(ten, curves, 0.1)) < 10
+
+
+def test_the_real_oracles_allocation_fits_once_packed_and_aims_inside_the_band() -> None:
+    curves = {"tiny": Curve(SOLO)}
+    four = Node(2.0, tuple(Container(f"c{i}", "tiny", SOLO / 0.3) for i in range(4)))
+    caps = real_caps(four, curves, 0.05, packing=True)(10.0, 1.0)
+    assert caps.sum() <= 2.0 + 1e-9
+    # every one held beyond its least share 0.3 / 1.1, towards the middle of its band
+    assert (caps > 0.3 / 1.1 * 1.05).all()
+    slower = real_caps(four, curves, 0.05, packing=True)(10.0, 1.2)
+    assert (slower > caps).all()
+
+
 def test_the_packing_loss_fits_the_measurements() -> None:
     # bench/results/packing.md, equal cpu.weight: (caps, the largest's got/cap measured,
     # the mean got/cap measured)
@@ -341,7 +379,8 @@ def test_the_oracles_allocation_held_reaches_it_for_workers() -> None:
     # latency scatters by itself, see the README).
     for key in ("s3-varied-burst", "s5-cluster"):
         sc = SCENARIOS[key]
-        run = simulated(sc, sc.build(CURVES), CURVES, None, 450.0, 5.0, held=True)
+        run = simulated(sc, sc.build(CURVES), CURVES, None, 450.0, 5.0,
+                        held=(HELD, lambda node: oracle_caps(node, CURVES)))
         assert [(p.final, p.oracle) for p in phase_outcomes(run, CURVES)] == \
             [(p.oracle, p.oracle) for p in phase_outcomes(run, CURVES)], key
 

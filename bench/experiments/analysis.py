@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dqoes_cg.policy import RHO_MAX, Cls, classify
+from dqoes_cg.policy.admit import RHO_FLOOR
 
-from .sim import Curve, Node, default_latency, md1_latency, water_fill
+from .sim import Curve, Node, default_latency, md1_latency, packing_loss, water_fill
 from .trace import Run
 
 TAIL = 0.15  # the last 15% of a run (or of a phase) is its converged state
@@ -22,6 +23,7 @@ MIN_WINDOWS = 6  # ... and at least this many windows of a short phase
 _GRID = np.geomspace(1e-4, 1.0, 40001)  # fractions of its most at which the oracle looks
 _BOUND_STRIDE = 10  # noisy_bound looks at every 10th of them (0.23% apart)
 _LAMBDAS = np.concatenate(([0.0], np.geomspace(1e-3, 1e3, 601)))  # noisy_bound's prices
+SPEED_STEP = 0.04  # real_caps recomputes its allocation when the log speed moves this much
 
 
 def settled_time(node: Node) -> float:
@@ -50,12 +52,14 @@ class NodeState:
     target: list[float]
 
 
-def state_at(node: Node, curves: dict[str, Curve], at: float | None = None) -> NodeState:
-    """The node's state at time `at` (default: once every event has passed)."""
+def state_at(node: Node, curves: dict[str, Curve], at: float | None = None,
+             speed: float = 1.0) -> NodeState:
+    """The node's state at time `at` (default: once every event has passed), every request
+    costing `speed` times its nominal work besides (a drifting node's work factor)."""
     t = settled_time(node) if at is None else at
     present = [c for c in node.containers if c.present(t)]
     cores = [_GRID * min(c.threads, node.cpus) for c in present]
-    service = [curves[c.model].latency(x) * c.load_at(t) * node.slowdown_at(t)
+    service = [curves[c.model].latency(x) * c.load_at(t) * node.slowdown_at(t) * speed
                for c, x in zip(present, cores, strict=True)]
     return NodeState(node.cpus / (2 * max(len(present), 1)), cores,
                      [md1_latency(x, c.rate_at(t)) for c, x in zip(present, service,
@@ -92,40 +96,93 @@ def oracle(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
 
 
 def oracle_allocation(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
-                      at: float | None = None) -> tuple[int, np.ndarray]:
+                      at: float | None = None, speed: float = 1.0, packing: bool = False,
+                      arrivals: bool = False) -> tuple[int, np.ndarray]:
     """The oracle's count (see `oracle`) and the shares it holds the node's containers at
     (CPUs, in node order): the least share in S of each one it counts, the floor for the
-    others, NaN for one absent at that time."""
+    others, NaN for one absent at that time. With `speed`, every request costs that much
+    more (a drifting node's work factor); with `packing`, the caps that deliver those
+    shares (packed_caps) must fit in the CPUs, not the shares themselves; with `arrivals`,
+    no open-loop service is held below its arrivals' need (see _cheapest_first)."""
     t = settled_time(node) if at is None else at
-    state = state_at(node, curves, t)
+    count, shares, _ = _cheapest_first(node, state_at(node, curves, t, speed), t, alpha,
+                                       packing, arrivals=arrivals)
+    return count, _in_node_order(node, t, shares)
+
+
+def _in_node_order(node: Node, t: float, values: np.ndarray) -> np.ndarray:
+    out = np.full(len(node.containers), np.nan)
+    out[[bool(c.present(t)) for c in node.containers]] = values
+    return out
+
+
+def _cheapest_first(node: Node, state: NodeState, t: float, alpha: float, packing: bool,
+                    most: int | None = None, arrivals: bool = False,
+                    ) -> tuple[int, np.ndarray, np.ndarray]:
+    """The oracle's choice in `state` (at most `most` counted): its count, the shares of the
+    containers present (the least in S of those counted, the base of the others) and which
+    it counts. The base is the floor, and with `arrivals` an open-loop service's is at
+    least the share its arrivals keep busy RHO_FLOOR of the time (no service is capped
+    below what its arrivals need; README, "What satisfied means"), each of those asking
+    beyond the floor cut by the same fraction if they do not all fit (as admit's are)."""
+    single = np.array([c.threads <= 1.0 for c in node.containers if c.present(t)], bool)
+    base = np.full(len(state.target), state.floor)
+    if arrivals:
+        for k, (cores, busy) in enumerate(zip(state.cores, state.busy, strict=True)):
+            if not np.isnan(busy).all():
+                keeps = busy <= RHO_FLOOR
+                base[k] = max(state.floor, float(cores[keeps].min()) if keeps.any()
+                              else float(cores[-1]))
+        beyond = float((base - state.floor).sum())
+        spare = node.cpus - state.floor * len(base)
+        if beyond > spare > 0.0:
+            base = state.floor + (base - state.floor) * spare / beyond
     extras = []
     for k, (cores, latency, busy, target) in enumerate(zip(
             state.cores, state.latency, state.busy, state.target, strict=True)):
         ok = counted(latency, busy, target, alpha)
         if ok.any():
-            extras.append((float(cores[ok].min()) - state.floor, k))
-    shares = np.full(len(state.target), state.floor)
-    used = state.floor * len(state.target)
-    count = 0
-    for extra, k in sorted(extras):
-        if used + extra > node.cpus + 1e-9:
-            break
-        used += extra
+            extras.append((float(cores[ok].min()) - base[k], k))
+    shares = base.copy()
+    chosen = np.zeros(len(state.target), bool)
+    for extra, k in sorted(extras)[:most]:
         shares[k] += extra
-        count += 1
-    allocation = np.full(len(node.containers), np.nan)
-    allocation[[bool(c.present(t)) for c in node.containers]] = shares
-    return count, allocation
+        caps = packed_caps(shares, single, node.cpus) if packing else shares
+        if caps.sum() > node.cpus + 1e-9:
+            shares[k] -= extra
+            break
+        chosen[k] = True
+    return int(chosen.sum()), shares, chosen
+
+
+def packed_caps(shares: np.ndarray, single: np.ndarray, cpus: float) -> np.ndarray:
+    """The caps under which containers get `shares` (CPUs) despite the packing shortfall of
+    the single-threaded ones (`single`; sim.packing_loss): the fixed point of cap = share /
+    (1 - loss(caps)), the loss growing with the caps. Infinite where it has none (the caps
+    would have to exceed the CPUs)."""
+    caps = shares.astype(float)
+    for _ in range(30):
+        loss = packing_loss(caps[single], cpus)
+        if (loss >= 1.0).any():
+            return np.full(len(shares), np.inf)
+        packed = shares.astype(float)
+        packed[single] = shares[single] / (1.0 - loss)
+        if np.allclose(packed, caps, rtol=1e-6, atol=1e-9):
+            return packed
+        caps = packed
+        if caps.sum() > 2.0 * cpus:
+            return np.full(len(shares), np.inf)
+    return caps
 
 
 def oracle_caps(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
-                ) -> Callable[[float], np.ndarray]:
+                ) -> Callable[[float, float], np.ndarray]:
     """The oracle's allocation as caps at any time (computed once for each stretch between
-    two changes: an arrival, a departure, an event)."""
-    changes = sorted({*(c.arrival_s for c in node.containers), *node_events(node)})
+    two changes: an arrival, a departure, an event), whatever the node's speed then."""
+    changes = _changes(node)
     cache: dict[int, np.ndarray] = {}
 
-    def caps(t: float) -> np.ndarray:
+    def caps(t: float, speed: float = 1.0) -> np.ndarray:
         stretch = bisect.bisect_right(changes, t + 1e-9)
         if stretch not in cache:
             cache[stretch] = oracle_allocation(node, curves, alpha, t)[1]
@@ -134,8 +191,77 @@ def oracle_caps(node: Node, curves: dict[str, Curve], alpha: float = 0.10,
     return caps
 
 
+def _changes(node: Node) -> list[float]:
+    return sorted({*(c.arrival_s for c in node.containers), *node_events(node)})
+
+
+def real_oracle(node: Node, curves: dict[str, Curve], scatter: float, alpha: float = 0.10,
+                at: float | None = None, speed: float = 1.0, packing: bool = False) -> int:
+    """The most containers of `node` that a controller can hold in S at once under real
+    conditions, in the median window: the oracle's count at the node's work factor `speed`
+    with the caps packed (`packing`), and at most the next whole number above noisy_bound
+    at that speed with a log-latency scatter `scatter` (what the controller cannot know
+    when it sets its caps: the measurement noise, and the node's drift since its last
+    window), no open-loop service held below its arrivals' need. Both are upper bounds: the
+    noise-free count, and (the median of a sum of
+    independent Bernoulli trials being at most the next integer above its mean) the median
+    window's count."""
+    count = oracle_allocation(node, curves, alpha, at, speed, packing, arrivals=True)[0]
+    if scatter <= 0.0:
+        return count
+    return min(count, math.ceil(noisy_bound(node, curves, scatter, alpha, at, speed) - 1e-6))
+
+
+def real_caps(node: Node, curves: dict[str, Curve], scatter: float, packing: bool,
+              alpha: float = 0.10) -> Callable[[float, float], np.ndarray]:
+    """The real oracle's own allocation as caps (CPUs, node order) at time t when the
+    node's work factor is known to be `speed` (as of a decision window ago): the
+    real_oracle's count of containers chosen cheapest first, moved from their least share
+    in S towards where a scatter `scatter` leaves them in S most often (a worker's middle of
+    the band, a service's latency two scatters under its slow edge) as far as the CPUs allow
+    once packed (packed_caps); the others at the floor. Cached per stretch and per SPEED_STEP of
+    speed."""
+    changes = _changes(node)
+    cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def caps(t: float, speed: float = 1.0) -> np.ndarray:
+        key = (bisect.bisect_right(changes, t + 1e-9), round(math.log(speed) / SPEED_STEP))
+        if key not in cache:
+            known = math.exp(key[1] * SPEED_STEP)
+            count = real_oracle(node, curves, scatter, alpha, t, known, packing)
+            state = state_at(node, curves, t, known)
+            _, least, chosen = _cheapest_first(node, state, t, alpha, packing, count,
+                                               arrivals=True)
+            aimed = least.copy()
+            for k in np.flatnonzero(chosen):
+                latency, busy, target = state.latency[k], state.busy[k], state.target[k]
+                aim = target * (math.sqrt(1 - alpha**2) if np.isnan(busy).all()
+                                else (1 + alpha) * math.exp(-2 * scatter))
+                ok = counted(latency, busy, target, alpha) & (latency <= aim)
+                if ok.any():
+                    aimed[k] = max(least[k], float(state.cores[k][ok].min()))
+            single = np.array([c.threads <= 1.0 for c in node.containers if c.present(t)],
+                              bool)
+
+            def fits(theta: float) -> bool:
+                shares = least + theta * (aimed - least)
+                caps = packed_caps(shares, single, node.cpus) if packing else shares
+                return bool(caps.sum() <= node.cpus + 1e-9)
+
+            low, high = (1.0, 1.0) if fits(1.0) else (0.0, 1.0)
+            for _ in range(20 if low < high else 0):  # the furthest move that still fits
+                middle = (low + high) / 2
+                low, high = (middle, high) if fits(middle) else (low, middle)
+            shares = least + low * (aimed - least)
+            cache[key] = _in_node_order(node, t, packed_caps(shares, single, node.cpus)
+                                        if packing else shares)
+        return cache[key]
+
+    return caps
+
+
 def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: float = 0.10,
-                at: float | None = None) -> float:
+                at: float | None = None, speed: float = 1.0) -> float:
     """The most containers of `node` that any controller can expect in S in one window when
     each window's latency is seen through log-normal noise of standard deviation `scatter`
     (the noise sweep's): an upper bound, under the oracle's rules.
@@ -150,8 +276,8 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
     containers). The noise comes after the controller's choice, so it bounds the mean |S|
     over any stretch of windows, whatever the controller does. An open-loop service counts
     in S at any latency up to (1 + alpha) its target (as Run.classes counts it), so its P(c)
-    is only the upper Phi."""
-    state = state_at(node, curves, at)
+    is only the upper Phi. `speed`: every request costs that much more (see state_at)."""
+    state = state_at(node, curves, at, speed)
     if not state.target:
         return 0.0
     dual = _LAMBDAS * node.cpus
@@ -160,6 +286,7 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
                                             state.target, strict=True):
         ok = counted(latency, busy, target, alpha)
         least = min(state.floor, float(cores[ok].min())) if ok.any() else state.floor
+        least = min(least, float(cores[-1]))  # a floor beyond what it can use
         held = cores >= least - 1e-12
         c, log_l = cores[held][::_BOUND_STRIDE], np.log(latency[held][::_BOUND_STRIDE])
         one_sided = not np.isnan(busy).all()  # an open-loop service

@@ -20,6 +20,7 @@ final |S|, if lower), in seconds and in policy rounds.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import MIN_WINDOWS, TAIL, Phase, phase_outcomes, reached
+from .analysis import (
+    MIN_WINDOWS,
+    TAIL,
+    Phase,
+    oracle_caps,
+    phase_outcomes,
+    reached,
+    real_caps,
+    real_oracle,
+)
 from .progress import Progress
-from .runs import HELD, MODES, every_mode, load_curves, simulated
+from .runs import HELD, HELD_REAL, MODES, every_mode, load_curves, simulated
 from .scenarios import (
     NOMINAL_CURVES,
     PAPER_DRIFT,
@@ -39,7 +49,7 @@ from .scenarios import (
     own_scenarios,
     paper_scenarios,
 )
-from .sim import Conditions, Curve
+from .sim import KNOWN_LAG_S, Conditions, Curve
 from .trace import Run
 
 NOISE = 0.05  # the noise sweep's log-latency scatter
@@ -48,7 +58,8 @@ SEEDS = 5
 WINDOW_S = 5.0  # the observer's windows, as the other paper-scale simulations
 JOBS = 2  # processes: the host has 2 cores
 POLICY_MODES = tuple(m for m in MODES if m != "default")
-JUDGED = (*MODES, HELD)
+JUDGED = (*MODES, HELD, HELD_REAL)
+ORACLES = ("oracle", "real_oracle")  # what each phase is judged against (see real_oracle)
 NAME = "real-conditions"
 
 
@@ -69,6 +80,15 @@ class Setting:
                    Conditions(None if "drift" in without else PAPER_DRIFT,
                               packing="packing" not in without),
                    0.0 if "noise" in without else NOISE, tuple(without))
+
+    @property
+    def unknown_scatter(self) -> float:
+        """The log-latency scatter that a controller cannot know when it sets its caps: the
+        noise, and the drift over the KNOWN_LAG_S since the window it decides on."""
+        drift = self.conditions.drift
+        moved = 0.0 if drift is None else drift.spread**2 * (
+            1.0 - math.exp(-2.0 * KNOWN_LAG_S / drift.correlation_s))
+        return math.sqrt(self.noise**2 + moved)
 
     @property
     def name(self) -> str:
@@ -98,9 +118,9 @@ def all_scenarios(quick: bool = False) -> list[Scenario]:
     return paper_scenarios(quick) + own_scenarios(quick) + open_scenarios(quick)
 
 
-def reaction(run: Run, ph: Phase) -> Reaction:
-    """When the run's total |S| first held min(oracle, final) in the phase `ph`."""
-    level = min(ph.oracle_s, ph.final_s)
+def reaction(run: Run, ph: Phase, oracle_s: int) -> Reaction:
+    """When the run's total |S| first held min(`oracle_s`, final) in the phase `ph`."""
+    level = min(oracle_s, ph.final_s)
     total = run.satisfied()
     inside = (run.t > ph.start) & (run.t <= ph.end + 1e-9)
     step = float(run.t[1] - run.t[0]) if len(run.t) > 1 else 1.0
@@ -118,48 +138,74 @@ def judge(scenario: Scenario, seed: int, setting: Setting) -> list[dict[str, Any
     nodes = scenario.build(curves)
     runs = every_mode(scenario, nodes, curves, PAPER_PARAMS, WINDOW_S, setting.noise, seed,
                       setting.conditions)
-    runs[HELD] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S,
-                           setting.noise, seed, setting.conditions, held=True)
+    packing, scatter = setting.conditions.packing, setting.unknown_scatter
+    for mode, caps in ((HELD, lambda node: oracle_caps(node, curves)),
+                       (HELD_REAL, lambda node: real_caps(node, curves, scatter, packing))):
+        runs[mode] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S,
+                               setting.noise, seed, setting.conditions, held=(mode, caps))
     judged = {mode: phase_outcomes(run, curves, bound=False) for mode, run in runs.items()}
+    drift = runs["admit"].notes["drift"]  # the same for every mode of the seed
     rows = []
     for k, ph in enumerate(judged["admit"]):
+        speeds = tail_speeds(runs["admit"].t, drift, ph)
         row: dict[str, Any] = {"scenario": scenario.key, "seed": seed,
                                "phase": [ph.start, ph.end], "after_change": k > 0,
-                               "oracle": ph.oracle, "modes": {}}
+                               "oracle": ph.oracle, "speed": speeds,
+                               "real_oracle": [real_oracle(
+                                   node, curves, scatter, at=(ph.start + ph.end) / 2,
+                                   speed=speed, packing=packing)
+                                   for node, speed in zip(nodes, speeds, strict=True)],
+                               "modes": {}}
         for mode, phases in judged.items():
             if k >= len(phases):  # the default platform's shorter run (real scenarios only)
                 continue
             mine = phases[k]
-            react = reaction(runs[mode], mine)
+            react = reaction(runs[mode], mine, sum(row["real_oracle"]))
             row["modes"][mode] = {"final": mine.final, "reaction_s": react.seconds,
                                   "rounds": react.rounds, "level": react.level}
         rows.append(row)
     return rows
 
 
+def tail_speeds(t: np.ndarray, drift: list[list[float]], ph: Phase) -> list[float]:
+    """Each node's median drift work factor over the tail of the phase `ph` (the windows
+    its final |S| is the median of): the node's speed in its median window."""
+    step = float(t[1] - t[0]) if len(t) > 1 else 1.0
+    hold = max(TAIL * (ph.end - ph.start), MIN_WINDOWS * step)
+    tail = (t > ph.start) & (t <= ph.end + 1e-9) & (t > ph.end - hold)
+    return [float(np.median(np.asarray(d)[:len(t)][tail])) for d in drift]
+
+
 def _judge_task(task: tuple[Scenario, int, Setting]) -> list[dict[str, Any]]:
     return judge(*task)
 
 
-def verdicts(row: dict[str, Any], mode: str) -> tuple[bool, bool]:
-    """Whether the mode ended at the oracle on every node of the phase, and within one."""
-    final, oracle = row["modes"][mode]["final"], row["oracle"]
+def verdicts(row: dict[str, Any], mode: str, against: str = "real_oracle",
+             ) -> tuple[bool, bool]:
+    """Whether the mode ended at the oracle (`against`: one of ORACLES) on every node of
+    the phase, and within one."""
+    final, oracle = row["modes"][mode]["final"], row[against]
     return (all(f >= o for f, o in zip(final, oracle, strict=True)),
             all(f >= o - 1 for f, o in zip(final, oracle, strict=True)))
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per mode: phases (scenario x phase x seed) at the oracle on every node, within one
-    on every node, out of how many; and the mean shortfall under the oracle per node."""
-    out = {}
+def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per mode: phases (scenario x phase x seed) at the real oracle on every node, within
+    one on every node, out of how many, and the mean shortfall under it per node; the same
+    against the nominal oracle under "nominal"."""
+    out: dict[str, dict[str, Any]] = {}
     for mode in JUDGED:
         mine = [r for r in rows if mode in r["modes"]]
-        judged = [verdicts(r, mode) for r in mine]
-        short = [o - f for r in mine
-                 for o, f in zip(r["oracle"], r["modes"][mode]["final"], strict=True)]
-        out[mode] = {"at_oracle": sum(a for a, _ in judged),
-                     "within_one": sum(w for _, w in judged), "phases": len(judged),
-                     "mean_shortfall": float(np.mean(short)) if short else 0.0}
+        counts: dict[str, dict[str, Any]] = {}
+        for against in ORACLES:
+            judged = [verdicts(r, mode, against) for r in mine]
+            short = [o - f for r in mine
+                     for o, f in zip(r[against], r["modes"][mode]["final"], strict=True)]
+            counts[against] = {"at_oracle": sum(a for a, _ in judged),
+                               "within_one": sum(w for _, w in judged),
+                               "phases": len(judged),
+                               "mean_shortfall": float(np.mean(short)) if short else 0.0}
+        out[mode] = {**counts["real_oracle"], "nominal": counts["oracle"]}
     return out
 
 
@@ -203,15 +249,24 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setti
              f"Made by `python3 -m bench.experiments --real-conditions{flags}`: every "
              f"simulated scenario (s*, x*, o*) with {setting.describe()}, over {seeds} "
              "seed(s). Each phase's final |S| "
-             "(median over its tail) per node against the oracle per node. "
-             f"'{HELD}': the oracle's own allocation held as caps under the same conditions "
-             "(no policy), what its choice gets window by window.", "",
-             "| mode | phases at the oracle (every node) | within one (every node) | phases "
-             "| mean shortfall per node |", "|---|---|---|---|---|"]
-    lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['phases']} | "
-              f"{c['mean_shortfall']:.2f} |" for mode, c in head.items()]
-    lines += ["", "Reaction after a change (until |S| holds the oracle, or the phase's final "
-              "|S| if lower):", "",
+             "(median over its tail) per node against two oracles per node: the real oracle "
+             "(analysis.real_oracle: the oracle at the node's speed in the tail's median "
+             "window, its caps packed, and at most the next whole number above noisy_bound "
+             f"at the scatter no controller can know, {setting.unknown_scatter:.3f}), and "
+             f"the nominal oracle (nominal needs, no drift, packing or noise). '{HELD}': the "
+             "nominal oracle's own allocation held as caps under the same conditions (no "
+             f"policy); '{HELD_REAL}': the real oracle's (analysis.real_caps: its count, "
+             f"moved towards the middle of the band as far as the packed caps fit, at the "
+             f"speed of {KNOWN_LAG_S:g} s before).", "",
+             "| mode | at the real oracle (every node) | within one | mean shortfall per node "
+             "| at the nominal oracle | within one | mean shortfall | phases |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {mode} | {c['at_oracle']} | {c['within_one']} | {c['mean_shortfall']:.2f} | "
+              f"{c['nominal']['at_oracle']} | {c['nominal']['within_one']} | "
+              f"{c['nominal']['mean_shortfall']:.2f} | {c['phases']} |"
+              for mode, c in head.items()]
+    lines += ["", "Reaction after a change (until |S| holds the real oracle, or the phase's "
+              "final |S| if lower):", "",
               "| policy | phases after a change | at the oracle | held its level | median "
               "| largest |", "|---|---|---|---|---|---|"]
     for mode, r in reactions(rows).items():
@@ -220,15 +275,17 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setti
         largest = "-" if r["max_s"] is None else f"{r['max_s']:.0f} s, {r['max_rounds']} rounds"
         lines.append(f"| {mode} | {r['events']} | {r['at_oracle']} | {r['held']} | {median} "
                      f"| {largest} |")
-    lines += ["", "| scenario | phase (s) | seed | oracle | "
+    lines += ["", "| scenario | phase (s) | seed | speed | nominal oracle | real oracle | "
               + " | ".join(JUDGED) + " | " + " | ".join(f"{m} reaction" for m in POLICY_MODES)
-              + " |", "|---" * (4 + len(JUDGED) + len(POLICY_MODES)) + "|"]
+              + " |", "|---" * (6 + len(JUDGED) + len(POLICY_MODES)) + "|"]
     for r in rows:
         modes = r["modes"]
         finals = [_nodes(modes[m]["final"]) if m in modes else "-" for m in JUDGED]
         react = [_reaction_cell(modes[m], r["after_change"]) for m in POLICY_MODES]
         lines.append(f"| {r['scenario']} | {r['phase'][0]:.0f}-{r['phase'][1]:.0f} | "
-                     f"{r['seed']} | {_nodes(r['oracle'])} | " + " | ".join(finals + react)
+                     f"{r['seed']} | {' '.join(f'{v:.2f}' for v in r['speed'])} | "
+                     f"{_nodes(r['oracle'])} | {_nodes(r['real_oracle'])} | "
+                     + " | ".join(finals + react)
                      + " |")
     return "\n".join(lines) + "\n"
 

@@ -4,18 +4,22 @@ and the curves they use (real.calibrate's, saved beside the results)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+
 from dqoes_cg.policy import POLICIES
 
-from .analysis import oracle_caps
 from .scenarios import NOMINAL_CURVES, Scenario
 from .sim import IDEAL, Conditions, Curve, Node, Params, simulate
 from .trace import Run
 
 MODES = ("default", *POLICIES)  # how each scenario runs: no limits, then each policy
 HELD = "held oracle"  # a run with the oracle's allocation held as caps, no policy
+HELD_REAL = "held real oracle"  # ... the real oracle's (analysis.real_caps)
+Held = Callable[[Node], Callable[[float, float], np.ndarray]]  # a node's caps at (t, speed)
 
 
 def save_curves(path: Path, curves: dict[str, Curve]) -> None:
@@ -35,16 +39,17 @@ def load_curves(path: Path) -> dict[str, Curve]:
 def simulated(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],
               params: Params | None, duration: float, window: float,
               noise: float = 0.0, seed: int = 0, conditions: Conditions = IDEAL,
-              held: bool = False) -> Run:
+              held: tuple[str, Held] | None = None) -> Run:
     """One simulated run of the scenario: with dqoesd (`params`, its policy among them) or
-    on the default platform (None), under `conditions`; or (`held`) with the oracle's
-    allocation at each time held as caps (mode HELD)."""
+    on the default platform (None), under `conditions`; or (`held`: a mode's name and each
+    node's caps, e.g. HELD and analysis.oracle_caps) with an allocation held as caps. Its
+    notes keep the noise and each node's drift, window by window."""
     windows = [simulate(node, curves, params, duration, window, noise, 100 * seed + k,
-                        conditions, oracle_caps(node, curves) if held else None)
+                        conditions, held[1](node) if held else None)
                for k, node in enumerate(nodes)]
-    mode = params.policy if params else HELD if held else "default"
+    mode = params.policy if params else held[0] if held else "default"
     return Run.from_windows(scenario.key, mode, "sim", asdict(params) if params else {}, nodes,
-                            windows, noise=noise)
+                            windows, noise=noise, drift=[w.drift.tolist() for w in windows])
 
 
 def every_mode(scenario: Scenario, nodes: list[Node], curves: dict[str, Curve],

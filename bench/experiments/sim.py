@@ -225,6 +225,9 @@ class Conditions:
 
 
 IDEAL = Conditions()  # the fluid model alone
+# A held allocation knows the node's drift as of this long ago: a controller sees it in the
+# window it decides on (dqoesd's first listener interval, IV_INITIAL_S).
+KNOWN_LAG_S = IV_INITIAL_S
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,8 @@ class Windows:
     usage_cores: np.ndarray
     limit_cores: np.ndarray  # NaN: no limit (cpu.max "max")
     decisions: np.ndarray = field(default_factory=lambda: np.zeros(0))  # policy rounds, s
+    drift: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (T,) the drift's mean
+    #                                                                 work factor per window
 
 
 def water_level(total: float, demands: np.ndarray) -> float:
@@ -357,14 +362,15 @@ class _Queue:
 def simulate(node: Node, curves: dict[str, Curve], params: Params | None, duration: float,
              window: float, noise: float = 0.0, seed: int = 0,
              conditions: Conditions = IDEAL,
-             held: Callable[[float], np.ndarray] | None = None) -> Windows:
+             held: Callable[[float, float], np.ndarray] | None = None) -> Windows:
     """Run one node for `duration` seconds with dqoesd (`params`) or without (None: the
     default platform, no limits) and observe it every `window` seconds. `noise` is the
     standard deviation of the log of every measured window latency (the daemon's and the
     observer's): the scatter of a real, emulated CPU. `seed` seeds the noise, the
     services' arrivals and the drift, each from its own stream (the same arrivals and
     drift under every policy). `held`, with no policy, sets every container's cap (CPUs,
-    NaN: none) at each time from outside (the oracle's allocation, analysis.oracle_caps)."""
+    NaN: none) at each time t from outside, given the drift's work factor KNOWN_LAG_S
+    before (an oracle's allocation: analysis.oracle_caps, analysis.real_caps)."""
     cs = node.containers
     n = len(cs)
     dt = params.sample_interval if params else min(window, 1.0)
@@ -382,9 +388,10 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
               for i, c in enumerate(cs) if c.open_loop}
     is_open = np.array([c.open_loop for c in cs], bool)
     # The work factor of every request on the node, tick by tick: its slowdowns, its drift.
-    slowness = np.array([node.slowdown_at(k * dt) for k in range(steps)], dtype=float)
-    if conditions.drift:
-        slowness *= conditions.drift.factors(steps, dt, np.random.default_rng([seed, 2]))
+    drift = conditions.drift.factors(steps, dt, np.random.default_rng([seed, 2])) \
+        if conditions.drift else np.ones(steps)
+    slowness = drift * np.array([node.slowdown_at(k * dt) for k in range(steps)], dtype=float)
+    lag = round(KNOWN_LAG_S / dt)
 
     present = np.zeros(n, bool)
     slots: list[int] = []  # the daemon's slot order: targets in the order they were set
@@ -393,6 +400,7 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
     # Per container over the decision window and the observer's: CPU-seconds used, requests
     # completed (a worker's fluid count) and a service's summed latencies.
     win_start, win_cpu, win_req, win_lat = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    win_wait = np.zeros(n)
     obs_cpu, obs_req, obs_lat = np.zeros(n), np.zeros(n), np.zeros(n)
     rows: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = []
     decisions: list[float] = []
@@ -409,6 +417,7 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
             limit[present & ~now_present] = np.nan  # gone: its cgroup with it
             present = now_present
             win_start[arriving], win_cpu[arriving], win_req[arriving] = t, 0.0, 0.0
+            win_wait[arriving] = 0.0
             win_lat[arriving] = 0.0
             if policy:
                 policy.resize(len(slots), np.array(carried + [-1] * len(new), np.intp))
@@ -419,11 +428,13 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
                 policy.reset()
 
         if held:
-            limit = held(t) / node.cpus
+            limit = held(t, float(drift[max(k - lag, 0)])) / node.cpus
         caps = np.where(np.isnan(limit), threads, np.minimum(limit * node.cpus, threads))
+        lost = np.zeros(n)  # CPU a packed container is kept from by its neighbours
         if conditions.packing:
             packed = present & single & ~np.isnan(limit)
-            caps[packed] *= 1.0 - packing_loss(caps[packed], node.cpus)
+            lost[packed] = caps[packed] * packing_loss(caps[packed], node.cpus)
+            caps -= lost
         demand = np.where(present, caps, 0.0)
         for i, queue in queues.items():
             if present[i]:  # the CPU its backlog and arrivals need, served at its cap
@@ -443,6 +454,11 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
             else:
                 done[i] = dt / (curve[i].latency(cores[i]) * cs[i].load_at(t) * slowness[k])
         win_cpu += cores * dt
+        # runnable but not running (cpu.pressure): what CFS's level or a packed neighbour
+        # kept from what it asked, while it had work
+        with np.errstate(divide="ignore", invalid="ignore"):
+            busy_part = np.where(caps > 0, np.minimum(cores / caps, 1.0), 0.0)
+        win_wait += (np.maximum(demand - cores, 0.0) + lost * busy_part) * dt
         win_req += done
         win_lat += latency_sum
         obs_cpu += cores * dt
@@ -458,10 +474,12 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
                 measured *= rng.lognormal(0.0, noise, len(idx))
             usage = win_cpu[idx] / (span * node.cpus)
             decision = policy.decide(Observation(target[idx], measured, usage, limit[idx],
+                                                 waited=win_wait[idx] / (span * node.cpus),
                                                  rate=win_req[idx] / span), now)
             assert decision is not None  # it was due
             limit[idx] = decision.limits
             win_start[idx], win_cpu[idx], win_req[idx], win_lat[idx] = now, 0.0, 0.0, 0.0
+            win_wait[idx] = 0.0
             decisions.append(now)
 
         if (k + 1) % per_window == 0:
@@ -476,7 +494,8 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
                    latency_s=np.array([r[1] for r in rows]).reshape(-1, n),
                    usage_cores=np.array([r[2] for r in rows]).reshape(-1, n),
                    limit_cores=np.array([r[3] for r in rows]).reshape(-1, n),
-                   decisions=np.array(decisions))
+                   decisions=np.array(decisions),
+                   drift=drift[:len(rows) * per_window].reshape(-1, per_window).mean(axis=1))
 
 
 def _window_latency(span: np.ndarray, completed: np.ndarray, latency_sum: np.ndarray,
