@@ -385,8 +385,9 @@ def learn_into(obs: Observation, span: float, valid: BoolArray, mem: Memory,
     # containers whose CPU was taken for another's would read as a slower node.
     np.subtract(x, mem.log_work, out=d)
     np.subtract(d, node.log_speed, out=d)
-    np.divide(usage, mem.usage, out=s.y)
-    np.log(s.y, out=s.y)
+    with np.errstate(divide="ignore", invalid="ignore"):  # an idle window: -inf, not steady
+        np.divide(usage, mem.usage, out=s.y)
+        np.log(s.y, out=s.y)
     np.abs(s.y, out=s.y)
     np.less_equal(s.y, STEADY, out=s.mask)  # NaN (no last window) compares false
     np.logical_and(s.mask, np.logical_not(fresh, out=s.jump), out=s.mask)
