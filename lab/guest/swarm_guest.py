@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from .prereqs import missing_guest_packages
-from .routing import GuestRunner, Route, apply_route, choose_own_guest_route
+from .routing import GuestRunner, Route, apply_route, choose_own_guest_route, choose_route
 from .systemd_guest import artifacts_runner, build_infer
 from .vm import BUSYBOX_INIT, NO_APPARMOR, GuestConfig
 
@@ -48,8 +49,10 @@ def _opted_in() -> bool:
 
 def route_swarm_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
     """Route the selected `guest_swarm` items (in place); None if none was selected. Without
-    the opt-in only those also marked SMOKE_MARKER run (`make test`'s multi-node smoke
-    test); the others are skipped."""
+    the opt-in only those also marked SMOKE_MARKER run (`make test`'s multi-node smoke test)
+    and the others are skipped; when the kernel tests run in a guest, the smoke test goes
+    last into theirs (marked `kernel`: route it before them, with kernel_guest_runner): a
+    third guest beside the kernel and the systemd ones would share the same two CPUs."""
     selected = [item for item in items if item.get_closest_marker("guest_swarm")]
     if not _opted_in():
         for item in selected:
@@ -58,17 +61,35 @@ def route_swarm_items(config: pytest.Config, items: list[pytest.Item]) -> Route 
                     f"opt in with {SWARM_OPT_IN_ENV}=1 (`make test-swarm`); `make test` runs "
                     "the multi-node smoke test only")))
         selected = [item for item in selected if item.get_closest_marker(SMOKE_MARKER)]
+        if selected and choose_route().where == "guest" and not missing_swarm_guest_packages():
+            for item in selected:
+                item.add_marker(pytest.mark.kernel)
+            items[:] = [item for item in items if item not in selected] + selected
+            return Route("guest", "the smoke test only, after the kernel tests in their guest")
     if not selected:
         return None
-
-    def runner(nodeids: list[str]) -> GuestRunner:
-        guest = GuestConfig(init_mode=SWARM_INIT, memory_mib=SWARM_MEMORY_MIB)
-        return artifacts_runner(config, nodeids, guest,
-                                lambda into: {SWARM_GUEST_ENV: "1", **build_infer(into)})
-
     route = choose_own_guest_route(SWARM_GUEST_ENV, "swarm test guest",
                                    missing_swarm_guest_packages,
                                    "they need a Docker Swarm of several nodes")
-    apply_route(config, items, selected, route, runner)
+    apply_route(config, items, selected, route, lambda nodeids: _swarm_runner(config, nodeids))
     return route
 
+
+def kernel_guest_runner(config: pytest.Config,
+                        items: list[pytest.Item]) -> Callable[[list[str]], GuestRunner]:
+    """What runs the kernel tests in a guest: the swarm guest when route_swarm_items gave
+    them the smoke test, else the plain one."""
+    smoke = {item.nodeid for item in items if item.get_closest_marker("guest_swarm")}
+
+    def runner(nodeids: list[str]) -> GuestRunner:
+        if smoke.isdisjoint(nodeids):
+            return GuestRunner(config.rootpath, nodeids)
+        return _swarm_runner(config, nodeids)
+
+    return runner
+
+
+def _swarm_runner(config: pytest.Config, nodeids: list[str]) -> GuestRunner:
+    guest = GuestConfig(init_mode=SWARM_INIT, memory_mib=SWARM_MEMORY_MIB)
+    return artifacts_runner(config, nodeids, guest,
+                            lambda into: {SWARM_GUEST_ENV: "1", **build_infer(into)})
