@@ -36,7 +36,8 @@ lint:
 test: deps lint
 	cd $(ROOT) && $(PYTHON) -m pytest -q -rs
 
-# The multi-node Swarm tests (their own guest, about 30 minutes on a loaded host), not part of `make test`.
+# All the multi-node Swarm tests (their own guest, about 20 minutes on a quiet host); `make test`
+# runs their smoke test only.
 test-swarm: deps
 	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
 
