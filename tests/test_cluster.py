@@ -24,7 +24,7 @@ from dqoes_cg import ctl
 from dqoes_cg.cluster.agent import Agent
 from dqoes_cg.cluster.identity import Credentials, IdentityError, peer_identity, plain_key
 from dqoes_cg.cluster.manager import Manager, judge
-from dqoes_cg.cluster.managerd import OPERATIONS, handler, serve
+from dqoes_cg.cluster.managerd import OPERATIONS, handler, serve, swarm_when_it_answers
 from dqoes_cg.cluster.protocol import (
     Ack,
     Channel,
@@ -182,6 +182,38 @@ def test_the_manager_listens_on_an_ipv6_address_too(cluster: Cluster) -> None:
             channel.close()
     finally:
         server.close()
+
+
+class _EngineAnsweringLate(StubEngine):
+    """Answers /info only from its third call (dockerd starting, or slow on a loaded host)."""
+
+    def __init__(self) -> None:
+        super().__init__({"/info": {"DockerRootDir": "/var/lib/docker", "Swarm": {
+            "LocalNodeState": "active", "ControlAvailable": True, "NodeID": "n1",
+            "NodeAddr": "10.0.0.1", "Cluster": {"ID": "c1"}}}})
+        self.calls = 0
+
+    def get(self, path: str, query: dict[str, str] | None = None,
+            missing_ok: tuple[int, ...] = ()) -> Any:
+        self.calls += 1
+        self.down = self.calls < 3
+        return super().get(path, query, missing_ok)
+
+
+def test_the_manager_waits_for_an_engine_that_does_not_answer_yet(
+        caplog: pytest.LogCaptureFixture) -> None:
+    engine = _EngineAnsweringLate()
+    with caplog.at_level(logging.WARNING):
+        swarm = swarm_when_it_answers(engine, threading.Event(),
+                                      first_wait_s=0.01)
+    assert swarm == ("n1", "c1", "10.0.0.1", Path("/var/lib/docker"))
+    assert engine.calls == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "the stub engine: not running (no socket); waiting for it"]  # once, not per try
+    stopping = threading.Event()
+    stopping.set()
+    engine.calls = -10
+    assert swarm_when_it_answers(engine, stopping) is None
 
 
 def test_a_node_reports_only_about_its_own_tasks(cluster: Cluster, server: Server) -> None:

@@ -54,6 +54,23 @@ def swarm_of(engine: Engine) -> tuple[str, str, str, Path]:
         raise ValueError(f"{engine} gives no {e} in its Swarm information") from None
 
 
+def swarm_when_it_answers(engine: Engine, stopping: threading.Event,
+                          first_wait_s: float = 1.0) -> tuple[str, str, str, Path] | None:
+    """swarm_of(engine) once the engine answers: at boot, or on a loaded host, dockerd may
+    not answer yet, and the manager waits for it (retrying at most every 30 s) rather than
+    exit. None if `stopping` is set first; ValueError (no Swarm manager) at once."""
+    wait = first_wait_s
+    while True:
+        try:
+            return swarm_of(engine)
+        except EngineError as e:
+            if wait == first_wait_s:
+                log.warning("%s; waiting for it", e)
+        if stopping.wait(wait):
+            return None
+        wait = min(2 * wait, 30.0)
+
+
 def handler(manager: Manager) -> Callable[[str, dict[str, Any], Peer], Any]:
     """The control socket's requests (OPERATIONS): the last view, as JSON; or a switch to
     making placement's updates (cluster-act) or only recommending them (cluster-recommend)."""
@@ -130,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     stopping = startup.start(args.verbose, log)
     engine = Engine(args.engine_socket)
     try:
-        node_id, swarm_id, address, data_root = swarm_of(engine)
+        swarm = swarm_when_it_answers(engine, stopping)
+        if swarm is None:
+            return 0
+        node_id, swarm_id, address, data_root = swarm
         listen = parse_listen(args.listen, address)
         credentials = Credentials(args.certs) if args.certs else \
             Credentials.of_data_root(data_root)
