@@ -2,7 +2,8 @@
 containers, as the watcher (watcher.py) sees them; a target set by dqoesctl on the same
 name wins. The controller calls `follow` once per tick, first, so that a container that
 just started is sensed at once; what a tick cannot apply within ENGINE_BUDGET_S waits for
-the next ones.
+the next ones. The targets a tick adds are written to the journal together, with one write
+through to disk, before the tick acts on them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_BUDGET_S = 0.25
 """Wall time a tick may spend applying changes of the engine's containers (one at least):
-each costs a state line written through to disk and a ring, 0.5 to 7 ms with the disk,
-and 10,000 containers arriving at once took one tick of 32 s, requests unanswered
-meanwhile; the rest wait for the next ticks."""
+each costs a state line and a ring (the lines of a tick's adds are written through to disk
+together), and 10,000 containers arriving at once took one tick of 32 s, requests
+unanswered meanwhile; the rest wait for the next ticks."""
 
 
 class Owner(Protocol):
@@ -86,6 +87,10 @@ class EngineTargets:
                 log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
             except Exception:  # the engine's answers are input: none may stop the loop
                 log.exception("container %s: following its change failed", cid[:12])
+        try:  # before anything acts on the new targets: one write through to disk for all
+            self.targets.sync_adds(self.rings.remove)
+        except StateError as e:
+            log.error("%s", e)
         for cid in list(self._no_room)[:max(0, owner.room())]:  # tried where room was made
             self._queue.setdefault(cid, self._no_room.pop(cid))
         if self._listed and not self._queue:
@@ -159,7 +164,7 @@ class EngineTargets:
     def _add(self, seen: Seen, o: Objective, source: str, ring: str | None) -> None:
         self.targets.add(seen.name, o, seen.cgroup, True, source,
                          (lambda: None) if ring else (lambda: self.rings.ensure(seen.name)),
-                         ring=ring)
+                         ring=ring, sync=False)
 
     def _drop(self, owner: Owner, name: str, why: str, force: bool = False) -> None:
         target = self.targets.find(name)

@@ -41,6 +41,7 @@ class Targets:
         self.reasons: dict[str, str] = {}  # why a pending target is pending
         self.version = 0  # changes of the bound set
         self.removed = 0  # those of them that took a cgroup out of it
+        self._unsynced: list[str] = []  # added with sync=False, not durable yet
 
     def __iter__(self) -> Iterator[Target]:
         return iter(self._targets.values())
@@ -74,13 +75,14 @@ class Targets:
 
     def add(self, name: str, objective: Objective, found: Resolved | CgroupError,
             pending: bool, source: str, prepare: Callable[[], None],
-            ring: str | None = None) -> Target:
+            ring: str | None = None, sync: bool = True) -> Target:
         """A new target: an inference service's latency target, or a training job (no
         target nor metric). `found` is what resolving the name gave: it must be a usable
         cgroup, unless `pending` accepts one that may appear later (but never a name that
         can never be valid). `prepare` runs once the target is accepted, before it is saved
         (it creates the ring). `ring`: its ring, if not the default one (its volume's).
-        TargetError or StateError: nothing changed."""
+        `sync=False`: durable only at `sync_adds`, which must come before anything acts on
+        it. TargetError or StateError: nothing changed."""
         _check(objective)
         try:
             path = self._usable(name, found)
@@ -95,7 +97,9 @@ class Targets:
         if path is not None:
             target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
         prepare()
-        self._save(target)
+        self._save(target, sync=sync)
+        if not sync:
+            self._unsynced.append(name)
         if path is None:
             self.reasons[name] = reason
         return target
@@ -113,6 +117,7 @@ class Targets:
         """Remove a target (its limit must have been given back already)."""
         target = self.get(name)
         self.store.delete(name)
+        self._synced()
         del self._targets[name]
         self.reasons.pop(name, None)
         if target.cgroup:
@@ -121,6 +126,24 @@ class Targets:
             self.removed += 1
         self._compact_if_due()
         return target
+
+    def sync_adds(self, undo: Callable[[Target], None]) -> None:
+        """Make the adds made with sync=False durable, in one write through to disk.
+        StateError: they could not be, and are undone (`undo` is called for each, after it
+        is no target any more, to remove what its `prepare` made)."""
+        try:
+            self.store.sync()
+        except StateError as e:
+            names, self._unsynced = self._unsynced, []
+            for name in names:
+                target = self._targets.pop(name)
+                self.reasons.pop(name, None)
+                if target.cgroup:
+                    self._by_cgroup.pop(target.cgroup, None)
+                    self.version += 1
+                undo(target)
+            raise StateError(f"{len(names)} new target(s) undone: {e}") from None
+        self._unsynced.clear()
 
     # --- binding -------------------------------------------------------------------------
 
@@ -204,9 +227,10 @@ class Targets:
             raise CgroupError(f"{found.path} is already managed as {other!r}{how}")
         return found.path
 
-    def _save(self, *targets: Target, membership: bool = True) -> None:
+    def _save(self, *targets: Target, membership: bool = True, sync: bool = True) -> None:
         """Persist, then change memory (StateError: nothing changed)."""
-        self.store.put(*targets)
+        self.store.put(*targets, sync=sync)
+        self._synced()
         moved = left = False
         for t in targets:
             old = self._targets.get(t.name)
@@ -226,6 +250,13 @@ class Targets:
     def _compact_if_due(self) -> None:
         if self.store.due_for_compaction(len(self._targets)):
             self.store.compact(self._targets)
+            self._synced()
+
+    def _synced(self) -> None:
+        """The adds made with sync=False are durable if the journal has nothing unsynced
+        (a synced change or a compaction made them so)."""
+        if not self.store.unsynced:
+            self._unsynced.clear()
 
 
 def _check(o: Objective) -> None:
