@@ -188,9 +188,9 @@ class StateStore:
                     os.ftruncate(self._log(), start)
         raise StateError(f"cannot write the state log {self.log_path}: {lost}")
 
-    def delete(self, *names: str) -> None:
-        """Record that these targets are gone; StateError as for `put`."""
-        self._append([{"del": name} for name in names])
+    def delete(self, *names: str, sync: bool = True) -> None:
+        """Record that these targets are gone; StateError and `sync` as for `put`."""
+        self._append([{"del": name} for name in names], sync)
 
     def due_for_compaction(self, count: int) -> bool:
         """Whether the log has grown to the size of a snapshot of `count` targets."""

@@ -221,10 +221,11 @@ def test_a_burst_of_containers_joins_over_several_ticks(
     c.shutdown()
 
 
-def test_a_tick_s_new_targets_are_written_through_to_disk_once(
+def test_a_tick_s_changes_are_written_through_to_disk_once(
         host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One fsync of the journal for all the targets a burst of containers adds in a tick
-    (one each took 2,044 for 2,000 containers: 83 adds/s), durable before the tick acts."""
+    """One fsync of the journal for all the targets a burst of containers adds in a tick,
+    durable before the tick acts, and one for all it removes (2,000 containers took 2,044
+    and 4,021 fsyncs: 83 adds/s and 42 removals/s)."""
     w = StubWatcher()
     c = controller(host, w)
     ids = [f"{i:x}" * 64 for i in range(3, 8)]
@@ -238,6 +239,11 @@ def test_a_tick_s_new_targets_are_written_through_to_disk_once(
     assert sorted(c.fleet.names) == [f"c{i}" for i in range(5)]
     assert len(fsyncs) == 2  # the adds, then the originals saved before the first limit
     assert sorted(host.state()) == [f"c{i}" for i in range(5)]
+    fsyncs.clear()
+    w.report(listed=True)  # all of them stop: their limits given back, their targets gone
+    c.tick(time.monotonic())
+    assert c.listings() == [] and len(fsyncs) == 1
+    assert host.state() == {}
     c.shutdown()
 
 
@@ -258,5 +264,5 @@ def test_new_targets_that_cannot_be_written_through_are_undone(
     assert c.listings() == [] and len(c.fleet) == 0
     assert _cpu_max(host.a) == ORIGINAL
     assert not list((host.tmp / "run").glob("rings/*/ring"))
-    assert caplog.text.count("2 new target(s) undone: cannot write the state log") == 1
+    assert caplog.text.count("No space left on device; 2 new target(s) undone") == 1
     c.shutdown()

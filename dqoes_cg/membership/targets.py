@@ -41,7 +41,8 @@ class Targets:
         self.reasons: dict[str, str] = {}  # why a pending target is pending
         self.version = 0  # changes of the bound set
         self.removed = 0  # those of them that took a cgroup out of it
-        self._unsynced: list[str] = []  # added with sync=False, not durable yet
+        self._deferring = False  # between defer_sync and sync_deferred
+        self._unsynced: list[str] = []  # added while deferring, not durable yet
 
     def __iter__(self) -> Iterator[Target]:
         return iter(self._targets.values())
@@ -75,14 +76,13 @@ class Targets:
 
     def add(self, name: str, objective: Objective, found: Resolved | CgroupError,
             pending: bool, source: str, prepare: Callable[[], None],
-            ring: str | None = None, sync: bool = True) -> Target:
+            ring: str | None = None) -> Target:
         """A new target: an inference service's latency target, or a training job (no
         target nor metric). `found` is what resolving the name gave: it must be a usable
         cgroup, unless `pending` accepts one that may appear later (but never a name that
         can never be valid). `prepare` runs once the target is accepted, before it is saved
         (it creates the ring). `ring`: its ring, if not the default one (its volume's).
-        `sync=False`: durable only at `sync_adds`, which must come before anything acts on
-        it. TargetError or StateError: nothing changed."""
+        TargetError or StateError: nothing changed (while deferring, see `defer_sync`)."""
         _check(objective)
         try:
             path = self._usable(name, found)
@@ -97,8 +97,8 @@ class Targets:
         if path is not None:
             target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
         prepare()
-        self._save(target, sync=sync)
-        if not sync:
+        self._save(target, sync=not self._deferring)
+        if self._deferring:
             self._unsynced.append(name)
         if path is None:
             self.reasons[name] = reason
@@ -116,7 +116,7 @@ class Targets:
     def unset(self, name: str) -> Target:
         """Remove a target (its limit must have been given back already)."""
         target = self.get(name)
-        self.store.delete(name)
+        self.store.delete(name, sync=not self._deferring)
         self._synced()
         del self._targets[name]
         self.reasons.pop(name, None)
@@ -127,10 +127,19 @@ class Targets:
         self._compact_if_due()
         return target
 
-    def sync_adds(self, undo: Callable[[Target], None]) -> None:
-        """Make the adds made with sync=False durable, in one write through to disk.
-        StateError: they could not be, and are undone (`undo` is called for each, after it
-        is no target any more, to remove what its `prepare` made)."""
+    def defer_sync(self) -> None:
+        """Until `sync_deferred`, new targets, removed ones and originals given back are
+        written to the journal but not through to disk: `sync_deferred` does it once for
+        all, and must come before anything acts on the new targets (the others record what
+        was done already). Any other change is written through at once, and them with it."""
+        self._deferring = True
+
+    def sync_deferred(self, undo: Callable[[Target], None]) -> None:
+        """Write what was deferred through to disk. StateError: it could not be, and was
+        cut from the journal; the new targets are undone (`undo` is called for each, after
+        it is no target any more, to remove what its `prepare` made); the removals stay
+        done (a restart would find their targets again, and give them back again)."""
+        self._deferring = False
         try:
             self.store.sync()
         except StateError as e:
@@ -142,7 +151,7 @@ class Targets:
                     self._by_cgroup.pop(target.cgroup, None)
                     self.version += 1
                 undo(target)
-            raise StateError(f"{len(names)} new target(s) undone: {e}") from None
+            raise StateError(f"{e}; {len(names)} new target(s) undone") from None
         self._unsynced.clear()
 
     # --- binding -------------------------------------------------------------------------
@@ -211,7 +220,7 @@ class Targets:
                    for n in names if self._targets[n].original_max is not None
                    or self._targets[n].original_weight is not None]
         if changed:
-            self._save(*changed, membership=False)
+            self._save(*changed, membership=False, sync=not self._deferring)
 
     # --- internals ---------------------------------------------------------------------
 
@@ -253,7 +262,7 @@ class Targets:
             self._synced()
 
     def _synced(self) -> None:
-        """The adds made with sync=False are durable if the journal has nothing unsynced
+        """The adds made while deferring are durable if the journal has nothing unsynced
         (a synced change or a compaction made them so)."""
         if not self.store.unsynced:
             self._unsynced.clear()
