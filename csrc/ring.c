@@ -70,6 +70,7 @@ struct dq_ring_table {
     uint64_t *hist;                  /* n * DQ_RING_NBUCKETS */
     struct reader *readers;
     int inotify_fd;         /* -1: none, every drain looks up every ring's path */
+    int inotify_lent;       /* inotify_fd is another table's now (dq_ring_share_inotify) */
     volatile size_t cursor; /* the ring a drain is reading, where a SIGBUS brings it back */
 };
 
@@ -255,9 +256,10 @@ void dq_ring_table_free(dq_ring_table *t)
 {
     if (t == NULL)
         return;
-    if (t->inotify_fd >= 0)
+    if (t->inotify_fd >= 0 && !t->inotify_lent) {
         close(t->inotify_fd); /* drops every watch */
-    t->inotify_fd = -1;
+        t->inotify_fd = -1;
+    } /* else each ring not adopted drops its own watch from the instance, as it closes */
     for (size_t i = 0; t->readers && i < t->n; i++) {
         close_reader(t, &t->readers[i]);
         free(t->readers[i].path);
@@ -383,6 +385,17 @@ int dq_ring_attach(dq_ring_table *t, size_t i, const char *path, uint64_t now_ns
     return DQ_RING_OK;
 }
 
+void dq_ring_share_inotify(dq_ring_table *dst, dq_ring_table *src)
+{
+    if (src->inotify_fd < 0 || src->inotify_lent)
+        return;
+    if (dst->inotify_fd >= 0 && !dst->inotify_lent)
+        close(dst->inotify_fd); /* new: it watches nothing yet */
+    dst->inotify_fd = src->inotify_fd;
+    dst->inotify_lent = 0;
+    src->inotify_lent = 1;
+}
+
 int dq_ring_adopt(dq_ring_table *dst, size_t i, dq_ring_table *src, size_t j)
 {
     struct reader *to = &dst->readers[i], *from = &src->readers[j];
@@ -392,9 +405,13 @@ int dq_ring_adopt(dq_ring_table *dst, size_t i, dq_ring_table *src, size_t j)
         return -1;
     close_reader(dst, to);
     free(to->path);
-    from->wd = -1; /* src's watch means nothing in dst */
-    unwatch(src, wd);
+    from->wd = -1;
+    if (dst->inotify_fd != src->inotify_fd) { /* src's watch means nothing in dst */
+        unwatch(src, wd);
+        wd = -1;
+    }
     *to = *from;
+    to->wd = wd;
     to->hist = hist;
     to->suspect = 1; /* changes since src last read its events */
     memcpy(hist, from->hist, DQ_RING_NBUCKETS * sizeof *hist);

@@ -255,6 +255,8 @@ class RingSet:
         self._retry_ns = np.zeros(n, np.int64)
         self._junk: set[int] = set()  # entries whose directory holds set-aside junk
 
+        if adopt is not None and adopt.capacity == capacity:  # freed below, before this one
+            lib.dq_ring_share_inotify(table, adopt._table)
         shared = {} if adopt is None else {p: j for j, p in enumerate(adopt.paths) if p}
         swept = set() if adopt is None else {adopt.paths[j] for j in adopt._junk}
         for i, path in enumerate(self.paths):

@@ -10,7 +10,10 @@ Two files under --state-dir:
 A change is one append of its lines to state.log, written whole and fsynced before the
 caller changes anything in memory, so that a request costs the same with 10 targets as with
 10,000, and a failed write (a full disk) changes nothing: the log is cut back to where it
-was and the caller gets a `StateError`. When the log has grown to the size of the state,
+was and the caller gets a `StateError`. A batch of changes may be appended unsynced
+(`sync=False`) and made durable together by `sync` (one fsync for a burst of containers),
+before anything acts on them; if that fails, they are cut from the log and the caller
+undoes them. When the log has grown to the size of the state,
 `compact` writes a new snapshot: to a temporary file, written whole, fsynced, read back and
 parsed, then renamed over the old one, whose previous version stays as state.json.prev;
 only then is the log emptied. A crash at any point leaves a snapshot and a log whose replay
@@ -102,6 +105,8 @@ class StateStore:
         self.log_path = directory / "state.log"
         self._log_fd: int | None = None
         self._log_lines = 0
+        self._unsynced_from: int | None = None  # where the appends not fsynced yet begin
+        self._unsynced_lost: str | None = None  # why they were cut from the log
 
     # --- reading -----------------------------------------------------------------------
 
@@ -155,14 +160,37 @@ class StateStore:
 
     # --- writing -----------------------------------------------------------------------
 
-    def put(self, *targets: Target) -> None:
+    def put(self, *targets: Target, sync: bool = True) -> None:
         """Record these targets as they are now (added or changed); StateError if it
-        could not be written, and then nothing was."""
-        self._append([{"put": asdict(t)} for t in targets])
+        could not be written, and then nothing was. With `sync=False` they are written but
+        durable only after `sync` (or any synced change, or a compaction)."""
+        self._append([{"put": asdict(t)} for t in targets], sync)
 
-    def delete(self, *names: str) -> None:
-        """Record that these targets are gone; StateError as for `put`."""
-        self._append([{"del": name} for name in names])
+    @property
+    def unsynced(self) -> bool:
+        """Whether changes written with `sync=False` are not durable yet."""
+        return self._unsynced_from is not None
+
+    def sync(self) -> None:
+        """Make the changes written with `sync=False` durable. StateError: they are not,
+        and were cut from the log (the caller must undo them)."""
+        if self._unsynced_from is None:
+            return
+        start, lost = self._unsynced_from, self._unsynced_lost
+        self._unsynced_from = self._unsynced_lost = None
+        if lost is None:
+            try:
+                os.fsync(self._log())
+                return
+            except OSError as e:
+                lost = e.strerror
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._log(), start)
+        raise StateError(f"cannot write the state log {self.log_path}: {lost}")
+
+    def delete(self, *names: str, sync: bool = True) -> None:
+        """Record that these targets are gone; StateError and `sync` as for `put`."""
+        self._append([{"del": name} for name in names], sync)
 
     def due_for_compaction(self, count: int) -> bool:
         """Whether the log has grown to the size of a snapshot of `count` targets."""
@@ -196,7 +224,7 @@ class StateStore:
             os.close(self._log_fd)
             self._log_fd = None
 
-    def _append(self, changes: list[dict[str, Any]]) -> None:
+    def _append(self, changes: list[dict[str, Any]], sync: bool = True) -> None:
         data = b"".join(json.dumps(c).encode() + b"\n" for c in changes)
         try:
             fd = self._log()
@@ -206,12 +234,20 @@ class StateStore:
                              f"{e.strerror}") from None
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         except OSError as e:
+            cut = start
+            if sync and self._unsynced_from is not None:  # a failed fsync may have lost them
+                cut, self._unsynced_lost = self._unsynced_from, e.strerror
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, start)  # no partial line is left behind
+                os.ftruncate(fd, cut)  # no partial line is left behind
             raise StateError(f"cannot write the state log {self.log_path}: "
                              f"{e.strerror}") from None
+        if not sync and self._unsynced_from is None:
+            self._unsynced_from = start
+        elif sync:
+            self._unsynced_from = None
         self._log_lines += len(changes)
 
     def _log(self) -> int:
@@ -226,6 +262,7 @@ class StateStore:
         os.ftruncate(fd, 0)
         os.fsync(fd)
         self._log_lines = 0
+        self._unsynced_from = self._unsynced_lost = None  # the snapshot holds them
 
 
 def _parse_snapshot(raw: bytes) -> dict[str, Target]:

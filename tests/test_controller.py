@@ -154,7 +154,7 @@ def test_no_write_without_a_saved_original(host: Host, monkeypatch: pytest.Monke
     c = host.controller()
     c.set_target(a, Objective(0.1, "mean"), False)
 
-    def full(*args: object) -> None:
+    def full(*args: object, **kwargs: object) -> None:
         raise StateError("cannot write the state log: No space left on device")
 
     monkeypatch.setattr(StateStore, "put", full)
@@ -467,7 +467,7 @@ def test_a_failed_save_changes_nothing(host: Host, monkeypatch: pytest.MonkeyPat
     c.set_target(a, Objective(0.1, "mean"), False)
     before = os.listdir(host.tmp / "state")
 
-    def full(*args: object) -> None:
+    def full(*args: object, **kwargs: object) -> None:
         raise StateError("cannot write the state log: No space left on device")
 
     monkeypatch.setattr(StateStore, "put", full)

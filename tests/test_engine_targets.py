@@ -6,6 +6,7 @@ gone (a restart of dqoesd or of the engine)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from dqoes_cg.membership import engine_targets
 from dqoes_cg.membership.engine_targets import Changes, Seen
 from dqoes_cg.membership.objective import Objective
 from dqoes_cg.membership.targets import TargetError
+from dqoes_cg.state import StateError, StateStore
 from lab.fakecg import make_cgroup
 from tests.test_controller import ORIGINAL, Host, _cpu_max
 
@@ -216,4 +218,51 @@ def test_a_burst_of_containers_joins_over_several_ticks(
         c.tick(time.monotonic())
         counts.append((len([t for t in c.targets if t.name != "old"]), "old" in c.targets))
     assert counts == [(1, True), (2, True), (3, True), (4, True), (5, False)]
+    c.shutdown()
+
+
+def test_a_tick_s_changes_are_written_through_to_disk_once(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One fsync of the journal for all the targets a burst of containers adds in a tick,
+    durable before the tick acts, and one for all it removes (2,000 containers took 2,044
+    and 4,021 fsyncs: 83 adds/s and 42 removals/s)."""
+    w = StubWatcher()
+    c = controller(host, w)
+    ids = [f"{i:x}" * 64 for i in range(3, 8)]
+    for cid in ids:
+        make_cgroup(host.mount, "docker/" + cid)
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    w.report(*(seen(host, cid, f"c{i}") for i, cid in enumerate(ids)), listed=True)
+    c.tick(time.monotonic())
+    assert sorted(c.fleet.names) == [f"c{i}" for i in range(5)]
+    assert len(fsyncs) == 2  # the adds, then the originals saved before the first limit
+    assert sorted(host.state()) == [f"c{i}" for i in range(5)]
+    fsyncs.clear()
+    w.report(listed=True)  # all of them stop: their limits given back, their targets gone
+    c.tick(time.monotonic())
+    assert c.listings() == [] and len(fsyncs) == 1
+    assert host.state() == {}
+    c.shutdown()
+
+
+def test_new_targets_that_cannot_be_written_through_are_undone(
+        host: Host, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk at the tick's one write through: no target, ring or limit is left of
+    the containers it would have added, and one error line says so."""
+    w = StubWatcher()
+    c = controller(host, w)
+
+    def full(store: StateStore) -> None:
+        if store.unsynced:
+            raise StateError("cannot write the state log: No space left on device")
+
+    monkeypatch.setattr(StateStore, "sync", full)
+    w.report(seen(host, A, "web"), seen(host, B, "db"), listed=True)
+    c.tick(time.monotonic())
+    assert c.listings() == [] and len(c.fleet) == 0
+    assert _cpu_max(host.a) == ORIGINAL
+    assert not list((host.tmp / "run").glob("rings/*/ring"))
+    assert caplog.text.count("No space left on device; 2 new target(s) undone") == 1
     c.shutdown()

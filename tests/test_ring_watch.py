@@ -158,3 +158,33 @@ def test_changes_in_many_directories_at_once_are_all_found(tmp_path: Path) -> No
             create_ring(path, CAPACITY)
         rings.drain()
         assert rings.status.tolist() == [Status.REPLACED] * 70 + [Status.OK]
+
+
+def _watches() -> int:
+    """The inotify watches this process holds, in all its instances."""
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in os.listdir(fds):
+        try:
+            if os.readlink(fds / fd) == "anon_inode:inotify":
+                count += (Path("/proc/self/fdinfo") / fd).read_text().count("inotify wd:")
+        except OSError:  # closed meanwhile (listdir's own descriptor)
+            pass
+    return count
+
+
+def test_a_new_set_takes_over_the_watches_of_the_rings_it_adopts(tmp_path: Path) -> None:
+    """And its predecessor's inotify instance, where removing each watch and adding it again,
+    and closing the old instance, took a rebuild of 2,000 rings 0.2 s on a loaded host; the
+    rings it does not adopt leave no watch behind."""
+    paths = [ring_path(tmp_path, name) for name in ("a", "b", "c")]
+    before = _watches()
+    first = RingSet(paths, CAPACITY)
+    first.drain()
+    assert _watches() == before + 3
+    second = RingSet(paths[:2], CAPACITY, adopt=first)
+    assert _watches() == before + 2  # before it ever drained
+    second.drain()
+    assert _watches() == before + 2
+    second.close()
+    assert _watches() == before

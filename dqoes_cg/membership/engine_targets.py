@@ -3,7 +3,8 @@ containers, as the watcher (engines/watcher.py) reports them (`Seen`, `Changes`:
 here, so that membership imports nothing of the engines); a target set by dqoesctl on the
 same name wins. The controller calls `follow` once per tick, first, so that a container that
 just started is sensed at once; what a tick cannot apply within ENGINE_BUDGET_S waits for
-the next ones.
+the next ones. What a tick adds and removes is written to the journal with one write through
+to disk, before the tick acts on the new targets.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 
 ENGINE_BUDGET_S = 0.25
 """Wall time a tick may spend applying changes of the engine's containers (one at least):
-each costs a state line written through to disk and a ring, 0.5 to 7 ms with the disk,
+each costs a state line and a ring (a tick's lines are written through to disk together),
 and 10,000 containers arriving at once took one tick of 32 s, requests unanswered
 meanwhile; the rest wait for the next ticks."""
 
@@ -102,6 +103,25 @@ class EngineTargets:
         (`owner` is passed at each call, not kept: a reference back to the controller
         would delay freeing it, and closing its files, to the cycle collector.)"""
         self._take_changes()
+        self.targets.defer_sync()
+        try:
+            self._apply(owner)
+        finally:  # before anything acts on the new targets: one write through to disk
+            try:
+                self.targets.sync_deferred(self.rings.remove)
+            except StateError as e:
+                log.error("%s", e)
+        for cid in list(self._no_room)[:max(0, owner.room())]:  # tried where room was made
+            self._queue.setdefault(cid, self._no_room.pop(cid))
+        if self._listed and not self._queue:
+            self._listed = False  # targets of a previous run whose containers are gone
+            names = {s.name for s in self._seen.values()}
+            for t in list(self.targets):
+                if t.source in ENGINE_SOURCES and t.name not in names:
+                    self._drop(owner, t.name, "its container is gone")
+
+    def _apply(self, owner: Owner) -> None:
+        """Apply the queued changes, for ENGINE_BUDGET_S at most."""
         deadline = time.monotonic() + ENGINE_BUDGET_S
         for n, cid in enumerate(list(self._queue)):
             if n and time.monotonic() > deadline:
@@ -121,14 +141,6 @@ class EngineTargets:
                 log.error("%s: %s", (seen or old).name if (seen or old) else cid[:12], e)
             except Exception:  # the engine's answers are input: none may stop the loop
                 log.exception("container %s: following its change failed", cid[:12])
-        for cid in list(self._no_room)[:max(0, owner.room())]:  # tried where room was made
-            self._queue.setdefault(cid, self._no_room.pop(cid))
-        if self._listed and not self._queue:
-            self._listed = False  # targets of a previous run whose containers are gone
-            names = {s.name for s in self._seen.values()}
-            for t in list(self.targets):
-                if t.source in ENGINE_SOURCES and t.name not in names:
-                    self._drop(owner, t.name, "its container is gone")
 
     def refollow(self, owner: Owner, name: str) -> None:
         """dqoesctl's target on `name` is gone: its container's labels, if any, take over."""

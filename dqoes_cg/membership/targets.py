@@ -41,6 +41,8 @@ class Targets:
         self.reasons: dict[str, str] = {}  # why a pending target is pending
         self.version = 0  # changes of the bound set
         self.removed = 0  # those of them that took a cgroup out of it
+        self._deferring = False  # between defer_sync and sync_deferred
+        self._unsynced: list[str] = []  # added while deferring, not durable yet
 
     def __iter__(self) -> Iterator[Target]:
         return iter(self._targets.values())
@@ -80,7 +82,7 @@ class Targets:
         cgroup, unless `pending` accepts one that may appear later (but never a name that
         can never be valid). `prepare` runs once the target is accepted, before it is saved
         (it creates the ring). `ring`: its ring, if not the default one (its volume's).
-        TargetError or StateError: nothing changed."""
+        TargetError or StateError: nothing changed (while deferring, see `defer_sync`)."""
         _check(objective)
         try:
             path = self._usable(name, found)
@@ -95,7 +97,9 @@ class Targets:
         if path is not None:
             target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
         prepare()
-        self._save(target)
+        self._save(target, sync=not self._deferring)
+        if self._deferring:
+            self._unsynced.append(name)
         if path is None:
             self.reasons[name] = reason
         return target
@@ -112,7 +116,8 @@ class Targets:
     def unset(self, name: str) -> Target:
         """Remove a target (its limit must have been given back already)."""
         target = self.get(name)
-        self.store.delete(name)
+        self.store.delete(name, sync=not self._deferring)
+        self._synced()
         del self._targets[name]
         self.reasons.pop(name, None)
         if target.cgroup:
@@ -121,6 +126,33 @@ class Targets:
             self.removed += 1
         self._compact_if_due()
         return target
+
+    def defer_sync(self) -> None:
+        """Until `sync_deferred`, new targets, removed ones and originals given back are
+        written to the journal but not through to disk: `sync_deferred` does it once for
+        all, and must come before anything acts on the new targets (the others record what
+        was done already). Any other change is written through at once, and them with it."""
+        self._deferring = True
+
+    def sync_deferred(self, undo: Callable[[Target], None]) -> None:
+        """Write what was deferred through to disk. StateError: it could not be, and was
+        cut from the journal; the new targets are undone (`undo` is called for each, after
+        it is no target any more, to remove what its `prepare` made); the removals stay
+        done (a restart would find their targets again, and give them back again)."""
+        self._deferring = False
+        try:
+            self.store.sync()
+        except StateError as e:
+            names, self._unsynced = self._unsynced, []
+            for name in names:
+                target = self._targets.pop(name)
+                self.reasons.pop(name, None)
+                if target.cgroup:
+                    self._by_cgroup.pop(target.cgroup, None)
+                    self.version += 1
+                undo(target)
+            raise StateError(f"{e}; {len(names)} new target(s) undone") from None
+        self._unsynced.clear()
 
     # --- binding -------------------------------------------------------------------------
 
@@ -188,7 +220,7 @@ class Targets:
                    for n in names if self._targets[n].original_max is not None
                    or self._targets[n].original_weight is not None]
         if changed:
-            self._save(*changed, membership=False)
+            self._save(*changed, membership=False, sync=not self._deferring)
 
     # --- internals ---------------------------------------------------------------------
 
@@ -204,9 +236,10 @@ class Targets:
             raise CgroupError(f"{found.path} is already managed as {other!r}{how}")
         return found.path
 
-    def _save(self, *targets: Target, membership: bool = True) -> None:
+    def _save(self, *targets: Target, membership: bool = True, sync: bool = True) -> None:
         """Persist, then change memory (StateError: nothing changed)."""
-        self.store.put(*targets)
+        self.store.put(*targets, sync=sync)
+        self._synced()
         moved = left = False
         for t in targets:
             old = self._targets.get(t.name)
@@ -226,6 +259,13 @@ class Targets:
     def _compact_if_due(self) -> None:
         if self.store.due_for_compaction(len(self._targets)):
             self.store.compact(self._targets)
+            self._synced()
+
+    def _synced(self) -> None:
+        """The adds made while deferring are durable if the journal has nothing unsynced
+        (a synced change or a compaction made them so)."""
+        if not self.store.unsynced:
+            self._unsynced.clear()
 
 
 def _check(o: Objective) -> None:
