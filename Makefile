@@ -36,7 +36,7 @@ lint:
 test: deps lint
 	cd $(ROOT) && $(PYTHON) -m pytest -q -rs
 
-# All the multi-node Swarm tests (their own guest, about 20 minutes on a quiet host); `make test`
+# All the multi-node Swarm tests (their own guest, 48 minutes once on a loaded host); `make test`
 # runs their smoke test only.
 test-swarm: deps
 	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
