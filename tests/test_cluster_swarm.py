@@ -164,7 +164,6 @@ def _crowd(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return tasks if len(tasks) == len(CROWD) else {}
 
 
-@pytest.mark.swarm_smoke
 def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
         swarm: Swarm, daemons: ClusterDaemons, infer_image: str) -> None:
     """Two single-threaded services on node1 (0.5 CPU), needing 0.25 and 0.35 CPU for their

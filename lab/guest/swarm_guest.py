@@ -24,7 +24,7 @@ from .vm import BUSYBOX_INIT, NO_APPARMOR, GuestConfig
 SWARM_GUEST_ENV = "DQOES_GUEST_SWARM"  # "1" in the swarm guest's test run
 SWARM_OPT_IN_ENV = "DQOES_SWARM_TESTS"  # "1": run all the Swarm tests (`make test-swarm`)
 # Marks the guest_swarm tests that `make test` runs too: three nodes up, a labelled service
-# measured on each, a node lost and back, one placement move.
+# measured on each, a node lost and back.
 SMOKE_MARKER = "swarm_smoke"
 # What the Swarm's nodes run, by the Debian package that provides it.
 SWARM_GUEST_TOOLS = {"docker.io": "/usr/sbin/dockerd", "iproute2": "/bin/ip",
