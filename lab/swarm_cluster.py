@@ -91,10 +91,15 @@ class ClusterDaemons:
             (node.etc_docker / "plugins" / f"{DRIVER}.spec").unlink(missing_ok=True)
 
     def logs(self) -> str:
+        """The last lines of each daemon's log, and the manager's last placement decisions
+        (a move's story outlasts the tail)."""
         tails = []
         for name in self.processes:
             lines = self.log(name).read_text(errors="replace").splitlines()
             tails.append(f"--- {name}\n" + "\n".join(lines[-15:]))
+            if name == "manager":
+                decisions = [line for line in lines if "placement:" in line][-40:]
+                tails.append("--- manager's placement decisions\n" + "\n".join(decisions))
         return "\n".join(tails)
 
     def _ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
