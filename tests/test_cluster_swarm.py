@@ -103,8 +103,7 @@ def test_the_manager_shows_every_node_and_a_labelled_services_tasks_with_their_t
     assert node3["S"] == node3["B"] == 0
 
 
-@pytest.mark.parametrize("fault", ["dockerd killed",
-                                   pytest.param("link cut", marks=pytest.mark.swarm_smoke)])
+@pytest.mark.parametrize("fault", ["dockerd killed", "link cut"])
 def test_a_node_that_disappears_is_unreachable_and_its_task_not_counted(
         swarm: Swarm, daemons: ClusterDaemons, fault: str) -> None:
     swarm.create_service(SERVICE, BUSYBOX_IMAGE, ["/busybox", "sleep", "1000000"],

@@ -242,12 +242,11 @@ class GuestRunner:
         return "\n".join(tails)
 
 
-def route_items(config: pytest.Config, items: list[pytest.Item],
-                runner: Callable[[list[str]], GuestRunner] | None = None) -> Route | None:
-    """Apply the route to the selected kernel items, in place (into a guest made by
-    `runner`, default the plain one). The route, or None if no kernel test was selected."""
+def route_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
+    """Apply the route to the selected kernel items, in place. The route, or None if no
+    kernel test was selected."""
     return route_marked(config, items, "kernel", choose_route,
-                        runner or (lambda nodeids: GuestRunner(config.rootpath, nodeids)))
+                        lambda nodeids: GuestRunner(config.rootpath, nodeids))
 
 
 def route_marked(config: pytest.Config, items: list[pytest.Item], marker: str,
