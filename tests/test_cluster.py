@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from dqoes_cg import ctl
+from dqoes_cg.cluster.actions import Update
 from dqoes_cg.cluster.agent import Agent
 from dqoes_cg.cluster.identity import Credentials, IdentityError, peer_identity, plain_key
 from dqoes_cg.cluster.manager import Manager, judge
@@ -529,3 +530,15 @@ def test_an_agent_keeps_the_labels_without_a_manager_and_gives_them_to_a_new_dqo
     finally:
         agent.close()
         dqoesd.close()
+
+
+def test_a_recommended_update_is_listed_once_with_its_latest_why() -> None:
+    """The same effect asked tick after tick, with figures that move in its why, is one
+    recommendation, not one per wording."""
+    manager = Manager(StubEngine({}), "n1", acting=False)
+    for room in (0.12, 0.10):
+        manager._recommend([Update(f"service web: moving off node2 ({room:.2f} left)",
+                                   service_id="web", avoid=frozenset({"node2"}))])
+    manager._recommend([Update("node node3: closing to new tasks", node_id="n3", paused=True)])
+    assert [r.what for r in manager._recommendations()] == [
+        "node node3: closing to new tasks", "service web: moving off node2 (0.10 left)"]

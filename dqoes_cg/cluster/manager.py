@@ -91,7 +91,9 @@ class Manager:
         self.node_timeout = node_timeout
         self.placement = placement
         self.acting = acting  # else placement's updates are recommended, not made
-        self._recommended: dict[str, float] = {}  # update: when last asked (oldest first)
+        # An update's effect (its Update with no text): when last asked and its latest text
+        # (its why carries measured figures that move from tick to tick); oldest first.
+        self._recommended: dict[Update, tuple[float, str]] = {}
         self._lock = threading.Lock()
         self._snapshot = Snapshot()
         self._owners: dict[str, str] = {}
@@ -153,16 +155,17 @@ class Manager:
         """(Under the lock.) Keeps `updates` as recommended now (each new one logged);
         whether there were any."""
         for update in updates:
-            if self._recommended.pop(update.what, None) is None:
+            effect = replace(update, what="")
+            if self._recommended.pop(effect, None) is None:
                 log.info("placement (recommend only, not made): %s", update.what)
-            self._recommended[update.what] = time.time()
-        for what in list(self._recommended)[:-MAX_RECOMMENDED]:
-            del self._recommended[what]
+            self._recommended[effect] = (time.time(), update.what)
+        for effect in list(self._recommended)[:-MAX_RECOMMENDED]:
+            del self._recommended[effect]
         return bool(updates)
 
     def _recommendations(self) -> tuple[Recommendation, ...]:
         """(Under the lock.) The updates recommended, the latest first."""
-        return tuple(Recommendation(t, what) for what, t in reversed(self._recommended.items()))
+        return tuple(Recommendation(t, what) for t, what in reversed(self._recommended.values()))
 
     def view(self) -> ClusterView | None:
         """The view of the last tick."""
