@@ -1,6 +1,8 @@
 """A fake container engine for unit tests of the watcher: Docker's Engine API over a unix
 socket, with the few endpoints dqoesd reads, containers and services set by the test, and
-an event stream it feeds. `restart()` ends every stream, as a dockerd going away does."""
+an event stream it feeds. `restart()` ends every stream, as a dockerd going away does; a
+stream also ends at its `until`, and `drop` keeps the next events from every stream, as
+Docker does when a reader is slow."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ class FakeEngine:
         self.requests = 0
         self.volume_filters: list[Any] = []  # the filters of each GET /volumes
         self.volumes_delay_s = 0.0  # before it answers GET /volumes
+        self.subscriptions: list[tuple[int, int]] = []  # (since, until) of each GET /events
+        self.drop = 0  # how many of the next events no stream gets
         self._streams: list[queue.SimpleQueue[Any]] = []
         self._lock = threading.Lock()
         engine = self
@@ -37,7 +41,10 @@ class FakeEngine:
                 url = urllib.parse.urlparse(self.path)
                 path = url.path.removeprefix("/v1.41")
                 if path == "/events":
-                    return self._stream()
+                    query = urllib.parse.parse_qs(url.query)
+                    since, until = int(query["since"][0]), int(query["until"][0])
+                    engine.subscriptions.append((since, until))
+                    return self._stream(until)
                 if path == "/containers/json":
                     return self._json(200, [{"Id": i} for i, c in engine.containers.items()
                                             if c["State"]["Running"]])
@@ -76,7 +83,7 @@ class FakeEngine:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def _stream(self) -> None:
+            def _stream(self, until: int) -> None:
                 q: queue.SimpleQueue[Any] = queue.SimpleQueue()
                 with engine._lock:
                     engine._streams.append(q)
@@ -86,7 +93,7 @@ class FakeEngine:
                 self.end_headers()
                 self.wfile.flush()
                 try:
-                    while (event := q.get()) is not STOP:
+                    while (event := self._next(q, until)) is not STOP:
                         line = event if isinstance(event, bytes) else \
                             json.dumps(event).encode() + b"\n"
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
@@ -98,6 +105,13 @@ class FakeEngine:
                     with engine._lock:
                         engine._streams.remove(q)
                 self.close_connection = True
+
+            @staticmethod
+            def _next(q: queue.SimpleQueue[Any], until: int) -> Any:
+                try:
+                    return q.get(timeout=max(0.0, until - time.time()))
+                except queue.Empty:
+                    return STOP
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -127,6 +141,9 @@ class FakeEngine:
 
     def send(self, event: Any) -> None:
         with self._lock:
+            if self.drop:
+                self.drop -= 1
+                return
             for q in self._streams:
                 q.put(event)
 

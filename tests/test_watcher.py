@@ -23,7 +23,7 @@ from dqoes_cg.engines.client import (
     parse_event,
 )
 from dqoes_cg.engines.followed import NameAsker
-from dqoes_cg.engines.watcher import Watcher
+from dqoes_cg.engines.watcher import SUBSCRIPTION_S, Watcher
 from dqoes_cg.membership.engine_targets import Changes, Seen
 from dqoes_cg.membership.labels import objective
 from dqoes_cg.membership.objective import Objective
@@ -278,3 +278,46 @@ def test_a_name_asked_of_a_silent_engine_stalls_no_tick(tmp_path: Path,
     engine.add(cid(1), "web", None, pid=11)
     assert NameAsker(Engine(engine.path))("web") == cid(1)
     assert NameAsker(Engine(engine.path))("nosuch") is None
+
+
+def test_each_subscription_replays_the_second_before_it(engine: FakeEngine,
+                                                        watcher: Watcher) -> None:
+    """Docker answers before it subscribes: an event between its answer and the listing
+    reaches the watcher only as a replay."""
+    before = time.time()
+    watcher.start()
+    collect(watcher, lambda c: c.listed)
+    after = time.time()
+    since, until = engine.subscriptions[0]
+    assert before - 2 <= since <= after - 1 and until - since == SUBSCRIPTION_S + 1
+
+
+def test_a_change_whose_event_was_dropped_is_made_up_when_a_subscription_ends(
+        engine: FakeEngine) -> None:
+    engine.add(cid(1), "old", LABELS, pid=11)
+    w = Watcher(Engine(engine.path, timeout=5), resolved, lambda v: Path("/vol", v, "ring"),
+                subscription_s=1)
+    try:
+        w.start()
+        collect(w, lambda c: c.listed)
+        engine.drop = 2  # neither event reaches the watcher
+        del engine.containers[cid(1)]
+        engine.event("container", "die", cid(1))
+        engine.add(cid(2), "new", LABELS, pid=12)
+        engine.event("container", "start", cid(2))
+        got = collect(w, lambda c: cid(1) in c.seen and cid(2) in c.seen)
+        assert got.seen[cid(1)] is None and got.seen[cid(2)].name == "new"
+        assert not got.listed, "made up for by a comparison, not a listing of everything"
+        assert len(engine.subscriptions) >= 2 and w.connected.is_set()
+    finally:
+        w.close()
+
+
+def test_each_outage_is_told_once(engine: FakeEngine, watcher: Watcher,
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    watcher.start()
+    for outage in (1, 2):
+        collect(watcher, lambda c: c.listed)
+        wait(lambda: engine.streams == 1)
+        engine.restart()
+        wait(lambda: sum("stream ended" in r.message for r in caplog.records) == outage)

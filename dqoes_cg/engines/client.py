@@ -220,9 +220,11 @@ class Engine:
             services[sid] = labels
         return services
 
-    def events(self, types: tuple[str, ...]) -> EventStream:
-        """The engine's event stream from now on, for these object types."""
-        query = urllib.parse.urlencode({"filters": json.dumps({"type": list(types)})})
+    def events(self, types: tuple[str, ...], since: int, until: int) -> EventStream:
+        """The engine's events of these object types from `since` (Unix seconds: the
+        engine replays those it still holds) until `until`, when the stream ends."""
+        query = urllib.parse.urlencode({"filters": json.dumps({"type": list(types)}),
+                                        "since": str(since), "until": str(until)})
         conn = _UnixConnection(self.path, None)  # an idle stream is normal: no timeout
         try:
             conn.connect()

@@ -2,11 +2,18 @@
 own, and tells the loop which containers its labels and volumes concern.
 
 The thread subscribes to the engine's events (containers: start, die, destroy, rename,
-update; services: create, update, remove), then lists every running container and Swarm
-service, so that nothing that happens between the two is missed; it does the same after
-every reconnect (a restart of dockerd or of dqoesd loses nothing). On each container event
-it inspects the container and derives what it should be from what it is, never from the
-event alone: a container that starts and dies in a loop settles on its last state.
+update; services: create, update, remove) from a second before it connects, then lists
+every running container and Swarm service: the engine replays the events of that second,
+so nothing that happens around the listing is missed (Docker sends its answer's headers
+before it subscribes). It does the same after every reconnect (a restart of dockerd or of
+dqoesd loses nothing). On each container event it inspects the container and derives what
+it should be from what it is, never from the event alone: a container that starts and
+dies in a loop settles on its last state, and an event seen twice changes nothing.
+
+A subscription lasts SUBSCRIPTION_S. At its end the thread subscribes again, from a second
+before, and compares the engine's running containers and services with what it knows:
+Docker drops the events a slow reader has not taken within 100 ms, and a change so lost
+is made up for within that time.
 
 What the loop gets (`take`) is the latest `Seen` per container ID that changed since it
 last asked, and whether a full listing came in since (then every container it had not
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,14 +45,18 @@ CONTAINER_ACTIONS = frozenset({"start", "die", "destroy", "rename", "update", "k
                                "restart", "oom", "pause", "unpause"})
 SERVICE_ACTIONS = frozenset({"create", "update", "remove"})
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 5.0
+SUBSCRIPTION_S = 60
+OVERLAP_S = 1  # each subscription replays this much before it: whole seconds, the API's
 
 ResolvePid = Callable[[int], Resolved | CgroupError]
 
 
 class Watcher:
     def __init__(self, engine: Engine, resolve_pid: ResolvePid,
-                 volume_ring: Callable[[str], Path], volume_driver: str = "dqoes") -> None:
+                 volume_ring: Callable[[str], Path], volume_driver: str = "dqoes",
+                 subscription_s: int = SUBSCRIPTION_S) -> None:
         self.engine = engine
+        self._subscription_s = subscription_s
         self._resolve_pid = resolve_pid
         self._volume_ring = volume_ring
         self._driver = volume_driver
@@ -100,31 +112,40 @@ class Watcher:
     # --- the thread --------------------------------------------------------------------
 
     def _run(self) -> None:
-        delay, failing = RETRY_MIN_S, False
+        delay, warned = RETRY_MIN_S, False
         while not self._stopping.is_set():
             try:
                 self._follow()
-                delay, failing = RETRY_MIN_S, False
+                continue  # the subscription ran its time: the next at once
             except EngineError as e:
-                if not failing:
+                if self.connected.is_set() or not warned:  # once per outage
                     log.warning("%s; following it again as soon as it answers", e)
-                failing = True
+                warned = True
             except Exception:  # a bug must not end the watch for good
                 log.exception("following %s failed", self.engine)
+            if self.connected.is_set():
+                delay = RETRY_MIN_S
             self.connected.clear()
             if self._stopping.wait(delay):
                 return
             delay = min(delay * 2, RETRY_MAX_S)
 
     def _follow(self) -> None:
-        stream = self.engine.events(("container", "service"))
+        """One subscription: returns when it ran its time, raises EngineError when the
+        engine ended it or failed."""
+        now = int(time.time())
+        until = now + self._subscription_s
+        stream = self.engine.events(("container", "service"), now - OVERLAP_S, until)
         with self._lock:
             self._stream = stream
         try:
             if self._stopping.is_set():
                 return
-            self._list_all()
-            self._load_volume_driver()
+            if self.connected.is_set():
+                self._make_up()
+            else:
+                self._list_all()
+                self._load_volume_driver()
             for event in stream:
                 if event.type == "container" and event.action in CONTAINER_ACTIONS:
                     self._look_at(event.id)
@@ -134,7 +155,7 @@ class Watcher:
             with self._lock:
                 self._stream = None
             stream.close()
-        if not self._stopping.is_set():
+        if not self._stopping.is_set() and time.time() < until - OVERLAP_S:
             raise EngineError(f"{self.engine}: the event stream ended")
 
     def _list_all(self) -> None:
@@ -154,6 +175,20 @@ class Watcher:
             ours = len(seen)
         log.info("following %s: %d running container(s), %d of them with dqoes labels or "
                  "volumes", self.engine, len(containers), ours)
+
+    def _make_up(self) -> None:
+        """Inspects the containers whose start or end no event told of (see the module's
+        docstring), and rereads the services."""
+        running = set(self.engine.running())
+        with self._lock:
+            known = set(self._containers)
+        missed = running ^ known
+        for cid in missed:
+            self._look_at(cid)
+        if missed:
+            log.info("%s: %d container(s) started or ended with no event seen yet",
+                     self.engine, len(missed))
+        self._reread_services(None)
 
     def _load_volume_driver(self) -> None:
         """Makes the engine load the volume driver. Swarm places a task that mounts a volume
@@ -180,13 +215,17 @@ class Watcher:
             if old is not None or c is not None:
                 self._record(cid, None if c is None else self._seen(c))
 
-    def _reread_services(self, sid: str) -> None:
+    def _reread_services(self, sid: str | None) -> None:
+        """The services' labels again, after an event of service `sid` (None: of any)."""
         services = self.engine.services()
         if services is None:
             return
         with self._lock:
-            self._listed_services = services
-            self._service_changed(sid)
+            old, self._listed_services = self._listed_services, services
+            changed = [sid] if sid is not None else \
+                [s for s in old.keys() | services.keys() if old.get(s) != services.get(s)]
+            for s in changed:
+                self._service_changed(s)
 
     def _service_changed(self, sid: str) -> None:
         """(Under the lock.) A service's labels changed: so may its tasks' targets."""
