@@ -12,8 +12,8 @@ dies in a loop settles on its last state, and an event seen twice changes nothin
 
 A subscription lasts SUBSCRIPTION_S. At its end the thread subscribes again, from a second
 before, and compares the engine's running containers and services with what it knows:
-Docker drops the events a slow reader has not taken within 100 ms, and a change so lost
-is made up for within that time.
+Docker drops an event when a slow reader's queue stays full for 100 ms, and a change so
+lost is made up for within that time.
 
 What the loop gets (`take`) is the latest `Seen` per container ID that changed since it
 last asked, and whether a full listing came in since (then every container it had not
