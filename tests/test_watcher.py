@@ -320,4 +320,4 @@ def test_each_outage_is_told_once(engine: FakeEngine, watcher: Watcher,
         collect(watcher, lambda c: c.listed)
         wait(lambda: engine.streams == 1)
         engine.restart()
-        wait(lambda: sum("stream ended" in r.message for r in caplog.records) == outage)
+        wait(lambda n=outage: sum("stream ended" in r.message for r in caplog.records) == n)
