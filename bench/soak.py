@@ -281,10 +281,10 @@ def _count(pid: int, what: str) -> int:
 
 
 def churn_for(d: Dqoesd, tree: Tree, stable: list[str], seconds: float, live: int,
-              first: int = 0, at: dict[float, Callable[[], None]] | None = None
-              ) -> tuple[Churn, list[Sample]]:
-    """Churns for `seconds`, sampling the daemon every SAMPLE_S; `at` maps a fraction of
-    the run to a call made when it is reached."""
+              first: int = 0, at: dict[float, Callable[[], None]] | None = None,
+              min_cycles: int = 0) -> tuple[Churn, list[Sample]]:
+    """Churns for `seconds`, and `min_cycles` at least, sampling the daemon every SAMPLE_S;
+    `at` maps a fraction of the run to a call made when it is reached."""
     churn = Churn(d, tree, stable, live, first)
     calls = sorted((at or {}).items())
     samples: list[Sample] = []
@@ -297,7 +297,7 @@ def churn_for(d: Dqoesd, tree: Tree, stable: list[str], seconds: float, live: in
 
     start = time.monotonic()
     try:
-        while (elapsed := time.monotonic() - start) < seconds:
+        while (elapsed := time.monotonic() - start) < seconds or churn.cycles < min_cycles:
             if elapsed >= len(samples) * SAMPLE_S:
                 sample()
             while calls and elapsed >= calls[0][0] * seconds:
@@ -313,7 +313,7 @@ def churn_for(d: Dqoesd, tree: Tree, stable: list[str], seconds: float, live: in
 
 
 def soak(mount: Path | None, minutes: float, traced_minutes: float, stable: int,
-         live: int = LIVE) -> Soak:
+         live: int = LIVE, min_cycles: int = 0) -> Soak:
     with (Cgroups(stable, mount, processes=0) as cgroups,
           tempfile.TemporaryDirectory(prefix="dqoes-bench-soak-", dir=tmpfs_dir()) as tmp):
         work = Path(tmp)
@@ -322,7 +322,8 @@ def soak(mount: Path | None, minutes: float, traced_minutes: float, stable: int,
         try:
             (work / "plain").mkdir()
             with Dqoesd(work / "plain", cgroups.mount, *DAEMON_ARGS) as d:
-                churn, samples = churn_for(d, tree, names, minutes * 60, live)
+                churn, samples = churn_for(d, tree, names, minutes * 60, live,
+                                           min_cycles=min_cycles)
                 recreated = d.log.read_text().count("re-created")
             result = Soak(place(cgroups.fake), minutes, churn.cycles, churn.requests, samples,
                           churn.failures, recreated)
@@ -453,13 +454,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the churn again under tracemalloc (0: not)")
     p.add_argument("--stable", type=int, default=STABLE, help="targets that stay")
     p.add_argument("--live", type=int, default=LIVE, help="cycles a churned target lives")
+    p.add_argument("--min-cycles", type=int, default=0,
+                   help="cycles the untraced churn makes at least, however long they take")
     p.add_argument("--fake", action="store_true",
                    help="a fake tree on tmpfs even where a real cgroup v2 hierarchy is")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     interrupt_on_sigterm()
     mount = None if args.fake else cgroup2_cpu_mount()
-    result = soak(mount, args.minutes, args.traced_minutes, args.stable, args.live)
+    result = soak(mount, args.minutes, args.traced_minutes, args.stable, args.live,
+                  args.min_cycles)
     meta = {"machine": machine(), "commit": commit(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join(["python3 -m bench.soak",

@@ -58,7 +58,11 @@ MAX_CONNECTIONS = 64
 MAX_PER_ADDRESS = 8
 MAX_REQUEST_BYTES = 8192  # a request's line and headers
 MAX_RENDERINGS = 4  # kept of one snapshot, for as many formats
-LISTEN_BACKLOG = 128
+LISTEN_BACKLOG = 1024
+"""Connections the kernel completes before the server accepts them (capped by somaxconn):
+past it a connection's SYN is dropped and retried a second later, so a burst of idle
+connections past 128 came in after a scrape that followed it, and dropped it as the
+oldest that had sent nothing."""
 LOG_EVERY_S = 60.0  # a line about clients' hang-ups or failed accepts, at most
 ACCEPT_BACKOFF_S = 0.1  # after a failed accept (out of descriptors), rather than spin
 SNAPSHOT_MAX_AGE_S = 1.0

@@ -29,7 +29,7 @@ def test_scale_bench_runs_and_reports(tmp_path: Path) -> None:
 
 def _soak(tmp_path: Path, *extra: str) -> soak.Soak:
     assert soak.main(["--minutes", "0.1", "--traced-minutes", "0.1", "--stable", "3",
-                      "--live", "4", "--out", str(tmp_path), *extra]) == 0
+                      "--live", "4", "--min-cycles", "9", "--out", str(tmp_path), *extra]) == 0
     (result,) = tmp_path.glob("soak-*.json")
     s = soak.Soak.from_json(json.loads(result.read_text())["soak"])
     assert s.cycles > 8 and s.failures == {}  # targets came and went

@@ -248,7 +248,8 @@ def test_reconcile_gone_and_rebind(tmp_path: Path) -> None:
         # its read-back or its next write of a new limit finds the foreign value first.
         (bed.root / "w2" / "cpu.max").write_text("max 100000")
         _wait_for(lambda: bed.cpu_max("w2") != "max 100000", 120, "the limit written back")
-        assert "changed to 'max 100000' by someone else" in bed.daemon_log.read_text()
+        _wait_for(lambda: "changed to 'max 100000' by someone else" in  # logged after the write
+                  bed.daemon_log.read_text(), 60, "the foreign write logged")
         assert bed.status().host.foreign_writes >= 1
 
         # The cgroup goes away: the target goes back to pending, and binds again when a
