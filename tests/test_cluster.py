@@ -372,6 +372,9 @@ def test_each_node_counts_its_own_tasks_classes_and_each_service_its_running_tas
     counts = {n.name: (n.G, n.S, n.B) for n in view.nodes}
     assert counts == {"node1": (0, 0, 0), "node2": (0, 0, 2), "node3": (1, 1, 0)}
     assert {s.name: s.running for s in view.services} == {"web": 2, "db": 1}
+    services = {row[0]: row for row in map(str.split, format_cluster(view).splitlines())
+                if row[:1] in (["web"], ["db"])}
+    assert (services["web"][6], services["db"][6]) == ("1", "0"), "tasks in S"
 
 
 def test_the_view_survives_swarms_api_going_away(cluster: Cluster) -> None:
