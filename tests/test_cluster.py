@@ -351,6 +351,32 @@ def test_a_silent_node_is_unreachable_and_its_tasks_do_not_count(cluster: Cluste
     assert "unreachable" in format_cluster(view)
 
 
+def test_each_node_counts_its_own_tasks_classes_and_each_service_its_running_tasks(
+        cluster: Cluster) -> None:
+    """Counted in one pass over the tasks (not a pass per node or per service)."""
+    cid = {(node, service): f"{n}{s}".ljust(64, "0")
+           for n, node in enumerate(("node2", "node3"), 1) for s, service in enumerate(
+               ("web", "db"), 1)}
+    sid = {"web": cluster.web, "db": cluster.db}
+    cluster.engine.docs["/tasks"] = [
+        task_doc(swarm_id(), sid[service], cluster.id(node), c, slot=slot,
+                 state="starting" if (node, service) == ("node3", "db") else "running")
+        for slot, ((node, service), c) in enumerate(cid.items(), 1)]
+    now = time.monotonic()
+    cluster.manager.tick(now)
+    cluster.manager.receive(cluster.id("node2"), report(
+        1, container(cid["node2", "web"], "B"), container(cid["node2", "db"], "B")), now)
+    cluster.manager.receive(cluster.id("node3"), report(
+        1, container(cid["node3", "web"], "S"), container(cid["node3", "db"], "G")), now)
+    view = cluster.manager.tick(now)
+    counts = {n.name: (n.G, n.S, n.B) for n in view.nodes}
+    assert counts == {"node1": (0, 0, 0), "node2": (0, 0, 2), "node3": (1, 1, 0)}
+    assert {s.name: s.running for s in view.services} == {"web": 2, "db": 1}
+    services = {row[0]: row for row in map(str.split, format_cluster(view).splitlines())
+                if row[:1] in (["web"], ["db"])}
+    assert (services["web"][6], services["db"][6]) == ("1", "0"), "tasks in S"
+
+
 def test_the_view_survives_swarms_api_going_away(cluster: Cluster) -> None:
     now = time.monotonic()
     cluster.manager.receive(cluster.id("node2"), report(1, container(CID_WEB)), now)

@@ -20,9 +20,11 @@ counted per node, logged, and named in the reply to the report; they change noth
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -123,8 +125,14 @@ class Manager:
                 self._snapshot = snapshot
                 self._owners = snapshot.container_node()
                 self._pushes = _pushes(snapshot)
-            view = self._build(now)
-            self._view = view
+            # The view is built from a copy, outside the lock: the nodes' reports wait for
+            # the lock, and a build takes seconds at 1,000 nodes of 100 tasks.
+            snap, reported = self._snapshot, {nid: copy.copy(r)
+                                              for nid, r in self._nodes.items()}
+        view = self._build(snap, reported, error, now)
+        with self._lock:
+            view = self._view = replace(view, acting=self.acting, recommended=(
+                () if self.acting else self._recommendations()))
         if self.placement is not None and snapshot is not None:
             actions = SwarmActions(view, now, self._quiet)
             try:
@@ -220,30 +228,37 @@ class Manager:
 
     # --- the view ----------------------------------------------------------------------
 
-    def _build(self, now: float) -> ClusterView:
-        """(Under the lock.) The cluster view from Swarm's snapshot and the reports."""
-        snap = self._snapshot
-        reachable = {nid: self._reachability(nid, now) for nid in snap.nodes}
+    def _build(self, snap: Snapshot, reported: dict[str, NodeReports], swarm_error: str | None,
+               now: float) -> ClusterView:
+        """The cluster view from Swarm's snapshot and the nodes' reports (its `acting` and
+        `recommended` are the caller's to set)."""
+        reachable = {nid: self._reachability(snap.nodes[nid], reported.get(nid), now)
+                     for nid in snap.nodes}
         services = {sid: s for sid, s in snap.services.items() if s.concerns_us}
-        tasks = sorted((self._task_view(t, reachable) for t in snap.tasks
+        tasks = sorted((_task_view(snap, t, reachable, reported) for t in snap.tasks
                         if t.service_id in services and t.desired_state == "running"),
                        key=lambda t: (t.service, t.slot or 0, t.node))
-        nodes = [self._node_view(n, reachable[n.id], tasks, now)
+        # Counted in one pass over the tasks: per node or per service, a pass each would
+        # cost nodes x tasks (10^8 steps a tick at 1,000 nodes of 100 tasks).
+        classes: dict[str, Counter[str]] = defaultdict(Counter)
+        running: Counter[str] = Counter()
+        for t in tasks:
+            classes[t.node_id][t.cls] += 1
+            running[t.service_id] += t.state == "running"
+        nodes = [_node_view(n, reachable[n.id], reported.get(n.id) or NodeReports(),
+                            classes[n.id], now)
                  for n in sorted(snap.nodes.values(), key=lambda n: n.hostname)]
         service_views = [ServiceView(
-            s.id, s.name, s.mode, s.replicas,
-            sum(1 for t in tasks if t.service_id == s.id and t.state == "running"),
+            s.id, s.name, s.mode, s.replicas, running[s.id],
             s.objective.target_s if s.objective else None,
             s.objective.metric if s.objective else None, s.error, s.updating, s.start_first,
             s.avoid) for s in sorted(services.values(), key=lambda s: s.name)]
-        return ClusterView(time.time(), self.node_id, self._swarm_error, nodes,
-                           service_views, tasks, self.acting,
-                           () if self.acting else self._recommendations())
+        return ClusterView(time.time(), self.node_id, swarm_error, nodes, service_views,
+                           tasks)
 
-    def _reachability(self, node_id: str, now: float) -> str | None:
+    def _reachability(self, node: swarmapi.SwarmNode, reports: NodeReports | None,
+                      now: float) -> str | None:
         """None if the node is reachable, else why not."""
-        node = self._snapshot.nodes[node_id]
-        reports = self._nodes.get(node_id)
         if node.state != "ready":
             return f"Swarm has it {node.state}"
         if reports is None or reports.report is None or reports.received is None:
@@ -257,40 +272,38 @@ class Manager:
             return "its dqoesd does not answer"
         return None
 
-    def _task_view(self, t: swarmapi.SwarmTask, reachable: dict[str, str | None]
-                   ) -> TaskView:
-        snap = self._snapshot
-        node = snap.nodes.get(t.node_id)
-        why = reachable.get(t.node_id, "not placed on a node yet")
-        reports = self._nodes.get(t.node_id)
-        c = reports.accepted.get(t.container_id) if reports and why is None else None
-        if c is None and why is None:
-            why = "no container yet" if not t.container_id else "not reported by its node"
-        return TaskView(
-            t.id, t.service_id, snap.services[t.service_id].name, t.slot, t.node_id,
-            node.hostname if node else "", t.container_id, t.state,
-            c.cls if c else "unknown", c.target_s if c else None, c.metric if c else None,
-            c.measured_s if c else None, c.cpu_limit_cores if c else None,
-            c.cpu_usage_cores if c else None, c.samples if c else None,
-            None if c else why)
 
-    def _node_view(self, n: swarmapi.SwarmNode, why: str | None, tasks: list[TaskView],
-                   now: float) -> NodeView:
-        reports = self._nodes.get(n.id) or NodeReports()
-        report = reports.report
-        budget = report.budget_cpus if report else None
-        used = report.used_cpus if report and why is None else None
-        counts = {k: 0 for k in ("G", "S", "B", "idle", "pending")}
-        if why is None:
-            for t in tasks:
-                if t.node_id == n.id and t.cls in counts:
-                    counts[t.cls] += 1
-        return NodeView(
-            n.id, n.hostname, n.role, n.state, n.availability, why is None, why, budget, used,
-            None if budget is None or used is None else max(0.0, budget - used), **counts,
-            refused=reports.refused,
-            report_age_s=None if reports.received is None else now - reports.received,
-            paused_by_placement=n.paused_by_us)
+
+def _task_view(snap: Snapshot, t: swarmapi.SwarmTask, reachable: dict[str, str | None],
+               reported: dict[str, NodeReports]) -> TaskView:
+    node = snap.nodes.get(t.node_id)
+    why = reachable.get(t.node_id, "not placed on a node yet")
+    reports = reported.get(t.node_id)
+    c = reports.accepted.get(t.container_id) if reports and why is None else None
+    if c is None and why is None:
+        why = "no container yet" if not t.container_id else "not reported by its node"
+    return TaskView(
+        t.id, t.service_id, snap.services[t.service_id].name, t.slot, t.node_id,
+        node.hostname if node else "", t.container_id, t.state,
+        c.cls if c else "unknown", c.target_s if c else None, c.metric if c else None,
+        c.measured_s if c else None, c.cpu_limit_cores if c else None,
+        c.cpu_usage_cores if c else None, c.samples if c else None,
+        None if c else why)
+
+
+def _node_view(n: swarmapi.SwarmNode, why: str | None, reports: NodeReports,
+               classes: Counter[str], now: float) -> NodeView:
+    """The node, its tasks counted by class (`classes`: those of its tasks)."""
+    report = reports.report
+    budget = report.budget_cpus if report else None
+    used = report.used_cpus if report and why is None else None
+    counts = {k: classes[k] if why is None else 0 for k in ("G", "S", "B", "idle", "pending")}
+    return NodeView(
+        n.id, n.hostname, n.role, n.state, n.availability, why is None, why, budget, used,
+        None if budget is None or used is None else max(0.0, budget - used), **counts,
+        refused=reports.refused,
+        report_age_s=None if reports.received is None else now - reports.received,
+        paused_by_placement=n.paused_by_us)
 
 
 def _pushes(snapshot: Snapshot) -> dict[str, dict[str, dict[str, str]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from ..duration import format_duration
 from ..table import format_table
@@ -25,8 +26,8 @@ def format_cluster(view: ClusterView) -> str:
                       str(n.G), str(n.S), str(n.B), str(n.idle), str(n.pending),
                       str(n.refused), n.reason or ""))
     services = [("SERVICE", "MODE", "REPLICAS", "RUNNING", "TARGET", "METRIC", "S", "NOTE")]
+    satisfied = Counter(t.service_id for t in view.tasks if t.cls == "S")  # one pass
     for s in view.services:
-        satisfied = sum(1 for t in view.tasks if t.service_id == s.id and t.cls == "S")
         note = (f"labels refused: {s.error}" if s.error else
                 "updating" if s.updating else "")
         if s.avoid:
@@ -34,7 +35,7 @@ def format_cluster(view: ClusterView) -> str:
                 n.name for n in view.nodes if n.id in s.avoid)
         services.append((s.name, s.mode, "-" if s.replicas is None else str(s.replicas),
                          str(s.running), format_duration(s.target_s), s.metric or "-",
-                         str(satisfied), note))
+                         str(satisfied[s.id]), note))
     tasks = [("TASK", "NODE", "STATE", "CLASS", "TARGET", "MEASURED", "LIMIT", "USAGE",
               "SAMPLES", "WHY")]
     for t in view.tasks:
