@@ -64,7 +64,9 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
             evaluation=_finite(fleet.evaluation[i]) if training else None,
             growth_efficiency=score if training else None, recommended_limit_cores=would,
             expected_class=None if training else expected_class(
-                target.target_s, measured, usage, throttled > 0, would, alpha)))
+                target.target_s, measured, usage, throttled > 0, would, alpha),
+            rate_hz=_finite(fleet.rate[i]),
+            window_usage_cores=_finite(fleet.usage[i] * fleet.cpus)))
     counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
     r = fleet.rings
     n = len(fleet)
