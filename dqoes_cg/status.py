@@ -46,6 +46,8 @@ class ContainerStatus:
     # CPUs used, whose ratio is the work per request (the cluster's pipelines split by it)
     rate_hz: float | None = None
     window_usage_cores: float | None = None
+    mean_s: float | None = None  # the window's mean latency and p95, whatever its metric
+    p95_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,17 @@ BAD = {
                              "stages c are not connected to stage a"),
     "too many stages": (chain("bad", *(f"s{i:02d}" for i in range(MAX_STAGES + 1))),
                         f"{MAX_STAGES + 1} stages (at most {MAX_STAGES})"),
+    "a label too long to read whole": (
+        {**chain("bad", "a", "b"), "b": {"dqoes.pipeline": "bad",
+                                         "dqoes.next": ",".join(["c" * 60] * 5)}},
+        "stage b: dqoes.next is longer than 255 characters"),
+    "a stage with every label": (
+        {**chain("bad", "a", "b"), "a": {"dqoes.pipeline": "bad", "dqoes.next": "b",
+                                         "dqoes.pipeline.target": "1s",
+                                         "dqoes.pipeline.metric": "mean",
+                                         "dqoes.target": "1s", "dqoes.metric": "mean",
+                                         "dqoes.policy": "flowcon", "dqoes.x": "1"}},
+        "stage a: labels refused"),
     "too many next stages": (
         {"a": {"dqoes.pipeline": "bad", "dqoes.pipeline.target": "1s",
                "dqoes.next": ",".join(f"n{i}" for i in range(MAX_NEXT + 1))},
@@ -238,6 +249,20 @@ def test_stages_not_measured_yet_share_alike() -> None:
     assert one.stage_s[0] < one.stage_s[1] < one.stage_s[2]  # the median's weight: 0.025
 
 
+@pytest.mark.parametrize("work, rates, replicas", [
+    ([0.01, 0.01, 1e-9, 0.01, 0.01, 0.01], [1.0] * 6, [1] * 6),  # a branch almost free
+    ([0.0, -1.0, None, 1e3, 0.01, 0.01], [0.0, None, 5.0, 1e6, 0.0, 1.0], [0, 1, 2, 3, 1, 1]),
+    ([0.25] * 6, [None] * 6, [1] * 6),  # the floors (0.3 s) fill the long path exactly
+])
+def test_any_measurement_gives_a_split_within_the_target(work: list[float | None],
+                                                         rates: list[float | None],
+                                                         replicas: list[int]) -> None:
+    paths = [(0, 1, 3, 4, 5), (0, 2)]
+    result = split(1.5, paths, work, rates, replicas)
+    assert within(result, paths) and all(np.isfinite(result.stage_s))
+    assert min(result.stage_s) > 0
+
+
 def test_a_split_is_held_until_a_share_moves_by_more_than_ten_percent() -> None:
     paths = [(0, 1)]
     first = split(1.0, paths, [0.01, 0.04], [1.0, 1.0], [1, 1])
@@ -284,12 +309,12 @@ class Swarm:
 
     def report(self, now: float, work: dict[str, float], rate: float = 2.0) -> None:
         """node2 and node3 report their stages, each at `rate` requests a second costing
-        `work[stage]` CPU-seconds each, measured at 1 s."""
+        `work[stage]` CPU-seconds each, answered in 1 s (mean), 1.5 s (p95)."""
         self.seq += 1
         for node, names in ((self.node2, ("cheap", "other")), (self.node3, ("dear",))):
             self.manager.receive(node, Report(self.seq, 1.0, 0.5, True, True, None, tuple(
                 ContainerReport(CIDS[n], "S", 1.0, "mean", 1.0, 0.5, 0.4, 20, rate,
-                                rate * work.get(n, 0.01)) for n in names)), now)
+                                rate * work.get(n, 0.01), 1.0, 1.5) for n in names)), now)
 
     def targets(self, node: str) -> dict[str, dict[str, str]]:
         return {name: labels for name, sid in self.ids.items()
@@ -312,8 +337,8 @@ def test_the_manager_pushes_each_stage_its_share_and_nothing_to_a_refused_one() 
     assert (cheap, dear) == pytest.approx((0.75, 2.25), rel=1e-3)
     assert cheap + dear <= 3.0
     video = next(p for p in view.pipelines if p.name == "video")
-    assert (video.target_s, video.metric, video.measured_s, video.feasible) == (
-        3.0, "mean", 2.0, True)
+    assert (video.target_s, video.metric, video.measured_s, video.mean_s, video.p95_s,
+            video.feasible) == (3.0, "mean", 2.0, 2.0, 3.0, True)
     assert [(s.name, s.next, s.replicas, s.nodes, s.classes) for s in video.stages] == [
         ("cheap", ("dear",), 1, ("node2",), ("S",)), ("dear", (), 1, ("node3",), ("S",))]
     assert video.stages[1].work_s == pytest.approx(0.09)
@@ -372,7 +397,7 @@ def test_cluster_status_shows_each_pipeline_and_a_refused_one() -> None:
     assert "PIPELINE" in text
     lines = text.splitlines()
     video = next(line for line in lines if line.startswith("video "))
-    assert video.split()[:4] == ["video", "3.00s", "mean", "2.00s"]
+    assert video.split()[:6] == ["video", "3.00s", "mean", "2.00s", "2.00s", "3.00s"]
     cheap = next(line for line in lines if line.startswith("video/cheap"))
     assert cheap.split()[:8] == ["video/cheap", "dear", "25%", "750.0ms", "1.00s", "1",
                                  "node2", "S"]
@@ -387,17 +412,18 @@ def test_cluster_status_shows_each_pipeline_and_a_refused_one() -> None:
 
 def test_a_report_carries_each_containers_rate_and_window_usage() -> None:
     doc = status_doc(1.0, [{"name": "cheap.1.x"}])
-    doc["containers"][0].update(rate_hz=2.5, window_usage_cores=0.25)
+    fields = {"rate_hz": 2.5, "window_usage_cores": 0.25, "mean_s": 0.5, "p95_s": 0.75}
+    doc["containers"][0].update(fields)
     report = build_report(1, Status.from_json(doc), {"cheap.1.x": CIDS["cheap"]}, None)
     (c,) = parse(encode(report.to_json())).containers  # type: ignore[union-attr]
-    assert (c.rate_hz, c.window_usage_cores) == (2.5, 0.25)
+    assert {f: getattr(c, f) for f in fields} == fields
     older = report.to_json()
-    for field in ("rate_hz", "window_usage_cores"):
+    for field in fields:
         del older["containers"][0][field]
     (c,) = parse(encode(older)).containers  # type: ignore[union-attr]
-    assert (c.rate_hz, c.window_usage_cores) == (None, None)
-    for bad in (-1.0, float("inf"), "2", True, 1e12):
+    assert {f: getattr(c, f) for f in fields} == dict.fromkeys(fields)
+    for field, bad in itertools.product(fields, (-1.0, float("inf"), "2", True, 1e12)):
         hostile = report.to_json()
-        hostile["containers"][0]["rate_hz"] = bad
-        with pytest.raises(ProtocolError, match="rate_hz"):
+        hostile["containers"][0][field] = bad
+        with pytest.raises(ProtocolError, match=field):
             parse(encode(hostile))

@@ -287,8 +287,8 @@ class Manager:
             replicas = [sum(1 for t in ts if t.state == "running") for ts in of_stage]
             made, held = self._splits.get(p, (-math.inf, None))
             if held is None or now - made >= RESPLIT_S:
-                proposed = split(p.target_s, p.paths, [m[0] for m in measures],
-                                 [m[1] for m in measures], replicas)
+                proposed = split(p.target_s, p.paths, [m.work_s for m in measures],
+                                 [m.rate_hz for m in measures], replicas)
                 made, before, held = now, held, settle(held, proposed)
                 if held is not before:
                     log.info("pipeline %s: stage targets %s%s", p.name, ", ".join(
@@ -298,14 +298,17 @@ class Manager:
                         "can do at one CPU a replica)")
             self._splits[p] = made, held
             views.append(PipelineView(
-                p.name, p.target_s, p.metric, critical_sum(p.paths, [m[2] for m in measures]),
+                p.name, p.target_s, p.metric,
+                critical_sum(p.paths, [m.measured_s for m in measures]),
+                critical_sum(p.paths, [m.mean_s for m in measures]),
+                critical_sum(p.paths, [m.p95_s for m in measures]),
                 held.feasible, tuple(StageView(
                     st.service_id, st.name, tuple(p.stages[j].name for j in st.next), x, r,
                     tuple(sorted({t.node for t in ts if t.node})), tuple(t.cls for t in ts),
-                    m[2], m[0], m[1])
+                    m.measured_s, m.work_s, m.rate_hz)
                     for st, x, r, ts, m in zip(p.stages, held.stage_s, replicas, of_stage,
                                                measures, strict=True))))
-        views.extend(PipelineView(r.name, None, None, None, False, (), r.reason)
+        views.extend(PipelineView(r.name, None, None, None, None, None, False, (), r.reason)
                      for r in self._refused)
         return tuple(sorted(views, key=lambda v: v.name))
 
@@ -349,7 +352,8 @@ class Manager:
             c.measured_s if c else None, c.cpu_limit_cores if c else None,
             c.cpu_usage_cores if c else None, c.samples if c else None,
             None if c else why, c.rate_hz if c else None,
-            c.window_usage_cores if c else None)
+            c.window_usage_cores if c else None, c.mean_s if c else None,
+            c.p95_s if c else None)
 
     def _node_view(self, n: swarmapi.SwarmNode, why: str | None, tasks: list[TaskView],
                    now: float) -> NodeView:
@@ -389,17 +393,30 @@ def stage_label(target_s: float) -> str:
     return f"{max(1, math.floor(target_s * 1e6))}us"
 
 
-def stage_measurements(tasks: list[TaskView]) -> tuple[float | None, float | None,
-                                                       float | None]:
-    """A stage's (work per request in CPU-seconds, requests a second, measured latency) from
-    its tasks' reports; None where no task measured it."""
+@dataclass(frozen=True)
+class StageMeasure:
+    """A stage's measurements over its tasks' reports (None: no task measured it)."""
+
+    work_s: float | None  # CPU-seconds per request
+    rate_hz: float | None  # requests a second, all its tasks together
+    measured_s: float | None  # latency in its target's metric, the mean over its tasks
+    mean_s: float | None  # mean latency, over its tasks
+    p95_s: float | None  # p95 latency, the mean over its tasks
+
+
+def stage_measurements(tasks: list[TaskView]) -> StageMeasure:
     rates = [t.rate_hz for t in tasks if t.rate_hz is not None]
     used = [t.window_usage_cores for t in tasks
             if t.rate_hz is not None and t.window_usage_cores is not None]
-    measured = [t.measured_s for t in tasks if t.measured_s is not None]
     rate = sum(rates) if rates else None
-    work = sum(used) / rate if rate and len(used) == len(rates) else None
-    return work, rate, sum(measured) / len(measured) if measured else None
+    return StageMeasure(sum(used) / rate if rate and len(used) == len(rates) else None, rate,
+                        _mean([t.measured_s for t in tasks]), _mean([t.mean_s for t in tasks]),
+                        _mean([t.p95_s for t in tasks]))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def critical_sum(paths: tuple[tuple[int, ...], ...], values: list[float | None]

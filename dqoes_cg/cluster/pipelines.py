@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..duration import parse_duration
+from ..engines.client import MAX_LABEL_CHARS
 from ..membership.labels import (
     MAX_VALUE,
     NEXT,
@@ -101,6 +102,10 @@ def _pipeline(name: str, services: list[SwarmService], owner: dict[str, str]) ->
     for s in services:
         if s.error:
             raise ValueError(f"stage {s.name}: labels refused: {s.error}")
+        for key, value in sorted(s.pipeline.items()):
+            if len(value) >= MAX_LABEL_CHARS:  # perhaps cut where it was read (swarmapi.py)
+                raise ValueError(f"stage {s.name}: {key} is longer than "
+                                 f"{MAX_LABEL_CHARS - 1} characters")
         if s.objective is not None:
             raise ValueError(f"stage {s.name} has a {TARGET} of its own (the pipeline's "
                              "target is split among its stages)")

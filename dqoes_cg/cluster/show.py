@@ -15,7 +15,7 @@ def _cpus(value: float | None, none: str = "-") -> str:
 
 def format_pipelines(view: ClusterView) -> str:
     """Each pipeline, then each stage's share of its target (a refused one: why)."""
-    pipelines = [("PIPELINE", "TARGET", "METRIC", "MEASURED", "NOTE")]
+    pipelines = [("PIPELINE", "TARGET", "METRIC", "MEASURED", "MEAN", "P95", "NOTE")]
     stages = [("STAGE", "NEXT", "SHARE", "TARGET", "MEASURED", "REPLICAS", "NODES", "CLASS",
                "WORK", "RATE")]
     for p in view.pipelines:
@@ -23,7 +23,8 @@ def format_pipelines(view: ClusterView) -> str:
                 "" if p.feasible else "target below what its stages can do at 1 CPU a "
                 "replica")
         pipelines.append((p.name, format_duration(p.target_s), p.metric or "-",
-                          format_duration(p.measured_s), note))
+                          format_duration(p.measured_s), format_duration(p.mean_s),
+                          format_duration(p.p95_s), note))
         for st in p.stages:
             share = "-" if st.target_s is None or not p.target_s else \
                 f"{100 * st.target_s / p.target_s:.0f}%"
@@ -35,8 +36,8 @@ def format_pipelines(view: ClusterView) -> str:
     lines = [format_table(pipelines)]
     if len(stages) > 1:
         lines += ["", format_table(stages)]
-    lines.append("(a pipeline's MEASURED: its stages' measured summed along the path where "
-                 "that is largest, an estimate)")
+    lines.append("(a pipeline's MEASURED, MEAN and P95 are estimates: its stages' summed "
+                 "along the path where that is largest)")
     return "\n".join(lines)
 
 

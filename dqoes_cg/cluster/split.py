@@ -50,6 +50,7 @@ HYSTERESIS = 0.10  # a new split replaces the last only when a stage's share mov
 ITERATIONS = 400
 GAMMA = 4.0  # larger oscillates
 TOLERANCE = 1e-4  # of the cost: a split this close to the least is the least
+MIN_FLOW = 1e-12  # of the largest, on any path
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,9 @@ def split(target_s: float, paths: Sequence[Sequence[int]], work_s: Sequence[floa
     w[~known] = float(np.median(w[known])) if known.any() else 1.0
     floor = floors(s, lam, r)
     longest = float((incidence @ floor).max())
-    if longest > target_s:
-        return Split(target_s, tuple(float(x) for x in floor * target_s / longest), False)
+    if longest >= target_s:  # the floors fill a path, or more
+        return Split(target_s, tuple(float(x) for x in floor * target_s / longest),
+                     longest == target_s)
     flow = np.ones(len(paths))
     stage_s = floor
     for _ in range(ITERATIONS):
@@ -96,10 +98,11 @@ def split(target_s: float, paths: Sequence[Sequence[int]], work_s: Sequence[floa
         # between this feasible split and the dual bound of that flow is its slack on the
         # paths it loads: within TOLERANCE of the cost, the split is the least to that
         cost = float(np.sum(w / stage_s))
-        if float(flow @ (target_s - lengths)) / kappa**2 <= TOLERANCE * cost:
+        if float(flow @ (target_s - lengths)) <= TOLERANCE * cost * kappa**2:
             break
         flow *= (lengths / target_s) ** GAMMA
         flow /= flow.max()
+        np.maximum(flow, MIN_FLOW, out=flow)  # a stage with no flow would get no bound
     return Split(target_s, tuple(float(x) for x in stage_s), True)
 
 
@@ -112,11 +115,14 @@ def _fit(shape: np.ndarray, floor: np.ndarray, incidence: np.ndarray, target_s: 
     bend = floor / shape
     bends = np.sort(bend)
     lengths = incidence @ np.maximum(floor[None, :], bends[:, None] * shape[None, :]).T
-    low = float(bends[np.flatnonzero(lengths.max(axis=0) <= target_s)[-1]])
+    fits = np.flatnonzero(lengths.max(axis=0) <= target_s)
+    low = float(bends[fits[-1]]) if fits.size else 0.0  # 0: the floors fill a path
     free = bend <= low
     fixed = incidence @ np.where(free, 0.0, floor)
     slope = incidence @ np.where(free, shape, 0.0)
     rising = slope > 0
+    if not rising.any():
+        return low, floor
     kappa = max(low, float(((target_s - fixed[rising]) / slope[rising]).min()))
     return kappa, np.maximum(floor, kappa * shape)
 

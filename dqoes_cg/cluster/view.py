@@ -131,6 +131,8 @@ class TaskView:
     reason: str | None = None  # why it is unknown
     rate_hz: float | None = None  # requests a second over its node's last window
     window_usage_cores: float | None = None  # CPUs it used over that window
+    mean_s: float | None = None  # its latency over that window, whatever its metric
+    p95_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -156,8 +158,11 @@ class PipelineView:
     name: str
     target_s: float | None  # end to end (None: refused)
     metric: str | None
-    measured_s: float | None  # estimate: the stages' measured summed along the path where
-    #                           that sum is largest (None until every stage is measured)
+    # Estimates from the stages' latencies (None until every stage is measured): in the
+    # target's metric, mean and p95, each summed along the path where that sum is largest
+    measured_s: float | None
+    mean_s: float | None
+    p95_s: float | None
     feasible: bool  # the stages' floors fit in the target on every path (split.py)
     stages: tuple[StageView, ...]  # in topological order
     error: str | None = None  # why it is refused and left unmanaged
