@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING
 
 from .membership.objective import TRAINING, Target
 from .policy import Cls
+from .ring import STATS
 from .status import CLASSES, ContainerStatus, HostStatus, Status
+
+MEAN, P95 = STATS.index("mean"), STATS.index("p95")  # rows of the rings' window stats
 
 if TYPE_CHECKING:
     from .actuator import Actuator
@@ -64,7 +67,11 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
             evaluation=_finite(fleet.evaluation[i]) if training else None,
             growth_efficiency=score if training else None, recommended_limit_cores=would,
             expected_class=None if training else expected_class(
-                target.target_s, measured, usage, throttled > 0, would, alpha)))
+                target.target_s, measured, usage, throttled > 0, would, alpha),
+            rate_hz=_finite(fleet.rate[i]),
+            window_usage_cores=_finite(fleet.usage[i] * fleet.cpus),
+            mean_s=None if training else _finite(fleet.rings.stats[MEAN, i]),
+            p95_s=None if training else _finite(fleet.rings.stats[P95, i])))
     counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
     r = fleet.rings
     n = len(fleet)

@@ -42,6 +42,12 @@ class ContainerStatus:
     # class it expects the container in under it (G, S, B; None: no estimate)
     recommended_limit_cores: float | None = None
     expected_class: str | None = None
+    # Over the last decision window (None before the first): requests a second, and the
+    # CPUs used, whose ratio is the work per request (the cluster's pipelines split by it)
+    rate_hz: float | None = None
+    window_usage_cores: float | None = None
+    mean_s: float | None = None  # the window's mean latency and p95, whatever its metric
+    p95_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,11 @@ from dqoes_cg.membership.objective import METRICS, Objective
 from dqoes_cg.membership.targets import TargetError
 from dqoes_cg.metrics import render
 from dqoes_cg.policy import Decision, Observation
+from dqoes_cg.probe import Probe
 from dqoes_cg.ring import STATS
 from dqoes_cg.snapshot import expected_class
 from dqoes_cg.state import StateError, StateStore
-from lab.fakecg import make_cgroup, write
+from lab.fakecg import CPU_STAT, make_cgroup, write
 
 ORIGINAL = "150000 100000"
 NAN = math.nan
@@ -538,3 +539,28 @@ def test_moved_limits(limits: list[float], in_force: list[float], written: list[
     moved_into(out, np.array(limits), np.array(in_force), DEAD_BAND,
                np.zeros(len(limits)), np.zeros(len(limits), bool))
     assert out.tolist() == written
+
+
+def test_status_gives_each_windows_rate_usage_mean_and_p95(host: Host) -> None:
+    """What the cluster's pipelines split by: a window's requests a second and CPUs used,
+    and its mean and p95 latency whatever the target's metric."""
+    a, _ = _names(host)
+    c = host.controller()
+    c.set_target(a, Objective(0.1, "p90"), False)
+    start = time.monotonic()
+    c.tick(start)
+    before = c.status().containers[0]
+    assert (before.rate_hz, before.mean_s, before.p95_s) == (0.0, None, None)  # no request
+    probe = Probe.open(before.ring)
+    for _ in range(10):
+        probe.record(0.02)
+    probe.close()
+    write(host.a / "cpu.stat", CPU_STAT.replace("usage_usec 1000", "usage_usec 501000"))
+    c.tick(start + 2.0)
+    row = c.status().containers[0]
+    assert row.samples == 10
+    assert row.rate_hz == pytest.approx(10 / 2.0)
+    assert row.window_usage_cores == pytest.approx(0.5 / 2.0)
+    assert row.mean_s == pytest.approx(0.02, rel=0.02)
+    assert row.p95_s == pytest.approx(0.02, rel=0.02)
+    c.shutdown()

@@ -100,7 +100,8 @@ def build_report(seq: int, status: Status | None, tasks: Mapping[str, str] | Non
                 continue
             containers.append(ContainerReport(
                 cid, c.cls, c.target_s, c.metric, c.measured_s, c.cpu_limit_cores,
-                c.cpu_usage_cores, c.samples))
+                c.cpu_usage_cores, c.samples, c.rate_hz, c.window_usage_cores, c.mean_s,
+                c.p95_s))
     return Report(
         seq, status.host.budget_cpus if status else None,
         sum(c.cpu_usage_cores for c in status.containers) if status else 0.0,

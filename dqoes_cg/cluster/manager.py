@@ -5,7 +5,9 @@ started again rebuilds the same view within a tick and a report interval.
 
 Every tick it reads Swarm, works out which service labels each node must have (the
 `dqoes.` labels of the services with a task on it, which the connection to that node sends
-when they change), builds the cluster view (view.py) and gives it to the placement policy,
+when they change; a pipeline's stage gets its share of the pipeline's target instead:
+pipelines.py declares them, split.py splits the target from the stages' measurements),
+builds the cluster view (view.py) and gives it to the placement policy,
 if one is chosen, whose actions it then carries out (actions.py), or, recommending only
 (`--recommend`, switched with the `cluster-act` and `cluster-recommend` requests), keeps
 in the view as what it would do.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import threading
 import time
 from collections import Counter, defaultdict
@@ -30,19 +33,33 @@ from dataclasses import dataclass, field, replace
 
 from ..engines.client import Engine, EngineError
 from ..logs import RateLimitedLog
+from ..membership.labels import METRIC, TARGET
 from . import swarmapi
 from .actions import SwarmActions, Update
+from .pipelines import Pipeline, Refused, declared
 from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
+from .split import Split, settle, split
 from .swarmapi import Snapshot
-from .view import ClusterView, NodeView, Placement, Recommendation, ServiceView, TaskView
+from .view import (
+    ClusterView,
+    NodeView,
+    PipelineView,
+    Placement,
+    Recommendation,
+    ServiceView,
+    StageView,
+    TaskView,
+)
 
 log = logging.getLogger(__name__)
 
 GRACE_S = 10.0
 NODE_TIMEOUT_S = 5.0  # without a report, a node is unreachable
 MAX_RECOMMENDED = 20  # updates a recommending manager keeps in its view, the latest
+RESPLIT_S = 5.0  # a pipeline's split is made again at most so often (its stages' windows
+#                  move slower; a split of 32 stages and 256 paths takes up to 30 ms)
 
 PLACEMENTS: dict[str, Callable[[PlacementParams], Placement]] = {"qoe": QoEPlacement}
 """Placement policies by name (`dqoes-manager --placement NAME`), built with the manager's
@@ -102,6 +119,9 @@ class Manager:
         self._swarm_error: str | None = "not read yet"
         self._nodes: dict[str, NodeReports] = {}
         self._pushes: dict[str, dict[str, dict[str, str]]] = {}  # node ID: its services
+        self._pipelines: list[Pipeline] = []
+        self._refused: list[Refused] = []
+        self._splits: dict[Pipeline, tuple[float, Split]] = {}  # each one's: when made, held
         self._view: ClusterView | None = None
         self._quiet: dict[str, float] = {}  # placement refusals logged, and when
         self._per_node = RateLimitedLog(log)  # a node chooses how many claims it refuses
@@ -124,15 +144,18 @@ class Manager:
             if snapshot is not None:
                 self._snapshot = snapshot
                 self._owners = snapshot.container_node()
-                self._pushes = _pushes(snapshot)
+                self._declared(*declared(snapshot.services.values()))
             # The view is built from a copy, outside the lock: the nodes' reports wait for
             # the lock, and a build takes seconds at 1,000 nodes of 100 tasks.
             snap, reported = self._snapshot, {nid: copy.copy(r)
                                               for nid, r in self._nodes.items()}
         view = self._build(snap, reported, error, now)
         with self._lock:
-            view = self._view = replace(view, acting=self.acting, recommended=(
-                () if self.acting else self._recommendations()))
+            view = self._view = replace(
+                view, acting=self.acting,
+                recommended=() if self.acting else self._recommendations(),
+                pipelines=self._pipeline_views(view.tasks, now))
+            self._pushes = _pushes(self._snapshot, self._stage_labels())
         if self.placement is not None and snapshot is not None:
             actions = SwarmActions(view, now, self._quiet)
             try:
@@ -256,6 +279,63 @@ class Manager:
         return ClusterView(time.time(), self.node_id, swarm_error, nodes, service_views,
                            tasks)
 
+    def _declared(self, pipelines: list[Pipeline], refused: list[Refused]) -> None:
+        """(Under the lock.) Keeps the pipelines Swarm's labels declare; a refusal that is
+        new, or whose reason changed, is logged once."""
+        before = {r.name: r.reason for r in self._refused}
+        for r in refused:
+            if before.get(r.name) != r.reason:
+                log.warning("pipeline %s refused, left unmanaged: %s", r.name, r.reason)
+        self._pipelines, self._refused = pipelines, refused
+        self._splits = {p: made for p, made in self._splits.items() if p in pipelines}
+
+    def _pipeline_views(self, tasks: list[TaskView], now: float
+                        ) -> tuple[PipelineView, ...]:
+        """(Under the lock.) Each pipeline's split, made again from its stages' measurements
+        every RESPLIT_S (and held while no share moves by more than split.HYSTERESIS), and
+        its view."""
+        views = []
+        by_service: dict[str, list[TaskView]] = {}
+        for t in tasks:
+            by_service.setdefault(t.service_id, []).append(t)
+        for p in self._pipelines:
+            of_stage = [by_service.get(st.service_id, []) for st in p.stages]
+            measures = [stage_measurements(ts) for ts in of_stage]
+            replicas = [sum(1 for t in ts if t.state == "running") for ts in of_stage]
+            made, held = self._splits.get(p, (-math.inf, None))
+            if held is None or now - made >= RESPLIT_S:
+                proposed = split(p.target_s, p.paths, [m.work_s for m in measures],
+                                 [m.rate_hz for m in measures], replicas)
+                made, before, held = now, held, settle(held, proposed)
+                if held is not before:
+                    log.info("pipeline %s: stage targets %s%s", p.name, ", ".join(
+                        f"{st.name} {stage_label(x)}"
+                        for st, x in zip(p.stages, held.stage_s, strict=True)),
+                        "" if held.feasible else " (the target is below what its stages "
+                        "can do at one CPU a replica)")
+            self._splits[p] = made, held
+            views.append(PipelineView(
+                p.name, p.target_s, p.metric,
+                critical_sum(p.paths, [m.measured_s for m in measures]),
+                critical_sum(p.paths, [m.mean_s for m in measures]),
+                critical_sum(p.paths, [m.p95_s for m in measures]),
+                held.feasible, tuple(StageView(
+                    st.service_id, st.name, tuple(p.stages[j].name for j in st.next), x, r,
+                    tuple(sorted({t.node for t in ts if t.node})), tuple(t.cls for t in ts),
+                    m.measured_s, m.work_s, m.rate_hz)
+                    for st, x, r, ts, m in zip(p.stages, held.stage_s, replicas, of_stage,
+                                               measures, strict=True))))
+        views.extend(PipelineView(r.name, None, None, None, None, None, False, (), r.reason)
+                     for r in self._refused)
+        return tuple(sorted(views, key=lambda v: v.name))
+
+    def _stage_labels(self) -> dict[str, dict[str, str]]:
+        """(Under the lock.) Service ID -> the labels its share of its pipeline's target
+        makes, for every stage of a pipeline that is managed."""
+        return {st.service_id: {TARGET: stage_label(x), METRIC: p.metric}
+                for p, (_, held) in self._splits.items()
+                for st, x in zip(p.stages, held.stage_s, strict=True)}
+
     def _reachability(self, node: swarmapi.SwarmNode, reports: NodeReports | None,
                       now: float) -> str | None:
         """None if the node is reachable, else why not."""
@@ -288,7 +368,9 @@ def _task_view(snap: Snapshot, t: swarmapi.SwarmTask, reachable: dict[str, str |
         c.cls if c else "unknown", c.target_s if c else None, c.metric if c else None,
         c.measured_s if c else None, c.cpu_limit_cores if c else None,
         c.cpu_usage_cores if c else None, c.samples if c else None,
-        None if c else why)
+        None if c else why, c.rate_hz if c else None,
+        c.window_usage_cores if c else None, c.mean_s if c else None,
+        c.p95_s if c else None)
 
 
 def _node_view(n: swarmapi.SwarmNode, why: str | None, reports: NodeReports,
@@ -306,11 +388,54 @@ def _node_view(n: swarmapi.SwarmNode, why: str | None, reports: NodeReports,
         paused_by_placement=n.paused_by_us)
 
 
-def _pushes(snapshot: Snapshot) -> dict[str, dict[str, dict[str, str]]]:
-    """Node ID -> the dqoes. labels of each service of ours with a task meant to run there."""
+def _pushes(snapshot: Snapshot, stages: dict[str, dict[str, str]]
+            ) -> dict[str, dict[str, dict[str, str]]]:
+    """Node ID -> the dqoes. labels of each service of ours with a task meant to run there:
+    a pipeline's stage gets its share of the pipeline's target (`stages`, by service ID)."""
     pushes: dict[str, dict[str, dict[str, str]]] = {}
     for t in snapshot.tasks:
         service = snapshot.services.get(t.service_id)
         if t.node_id and t.desired_state == "running" and service and service.concerns_us:
-            pushes.setdefault(t.node_id, {})[service.id] = service.labels
+            pushes.setdefault(t.node_id, {})[service.id] = stages.get(service.id,
+                                                                      service.labels)
     return pushes
+
+
+def stage_label(target_s: float) -> str:
+    """A stage's share as a dqoes.target value: whole microseconds, rounded down so that the
+    shares along a path never add up to more than the pipeline's target."""
+    return f"{max(1, math.floor(target_s * 1e6))}us"
+
+
+@dataclass(frozen=True)
+class StageMeasure:
+    """A stage's measurements over its tasks' reports (None: no task measured it)."""
+
+    work_s: float | None  # CPU-seconds per request
+    rate_hz: float | None  # requests a second, all its tasks together
+    measured_s: float | None  # latency in its target's metric, the mean over its tasks
+    mean_s: float | None  # mean latency, over its tasks
+    p95_s: float | None  # p95 latency, the mean over its tasks
+
+
+def stage_measurements(tasks: list[TaskView]) -> StageMeasure:
+    rates = [t.rate_hz for t in tasks if t.rate_hz is not None]
+    used = [t.window_usage_cores for t in tasks
+            if t.rate_hz is not None and t.window_usage_cores is not None]
+    rate = sum(rates) if rates else None
+    return StageMeasure(sum(used) / rate if rate and len(used) == len(rates) else None, rate,
+                        _mean([t.measured_s for t in tasks]), _mean([t.mean_s for t in tasks]),
+                        _mean([t.p95_s for t in tasks]))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def critical_sum(paths: tuple[tuple[int, ...], ...], values: list[float | None]
+                 ) -> float | None:
+    """The largest sum of `values` along a path; None if any value is unknown."""
+    if any(v is None for v in values):
+        return None
+    return max(sum(values[i] or 0.0 for i in path) for path in paths)

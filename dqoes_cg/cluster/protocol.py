@@ -9,13 +9,15 @@ of the control socket too).
                        {"v": 1, "type": "services", "services": {SERVICE_ID: {labels}}}
 
 A report is what the node's dqoesd measures of the containers of Swarm tasks it runs, by
-container ID, every report interval; `engine` and `controller` say whether its dockerd and
-its dqoesd answer (`error`: why not). The manager acknowledges each report, naming the
-containers it refused (see manager.py). `services` is the whole set of `dqoes.` service
-labels for the tasks Swarm gives that node, sent when it changes (and at the start): the
-agent gives them to its dqoesd (api.py, service-labels), which applies them to the tasks'
-containers. Both ends treat what they receive as hostile: anything malformed is a
-`ProtocolError` and ends the connection.
+container ID, every report interval (a container's `rate_hz`, `window_usage_cores`,
+`mean_s` and `p95_s`, over its last decision window, may be absent: an older agent's);
+`engine` and `controller` say whether its dockerd and its dqoesd answer (`error`: why not).
+The manager acknowledges each report, naming the containers it refused (see manager.py).
+`services` is the whole set of `dqoes.` service labels for the tasks Swarm gives that node (a
+pipeline stage's: its share of the pipeline's target), sent when it changes (and at the
+start): the agent gives them to its dqoesd (api.py, service-labels), which applies them to
+the tasks' containers. Both ends treat what they receive as hostile: anything malformed is
+a `ProtocolError` and ends the connection.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ MAX_LABELS = 16  # dqoes. labels of one service
 MAX_CPUS = 1 << 16
 MAX_ERROR = 200
 MAX_SAMPLES = 1 << 40
+MAX_RATE_HZ = 1e7
+MAX_SECONDS = 1e6
 REPORT_CLASSES = ("G", "S", "B", "idle", "pending")
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 SWARM_ID = re.compile(r"^[a-z0-9]{25}$")  # Swarm's object IDs (services, nodes, tasks)
@@ -61,6 +65,11 @@ class ContainerReport:
     cpu_limit_cores: float | None  # None: no limit
     cpu_usage_cores: float
     samples: int
+    # Over the node's last decision window (None: not measured, or an older agent)
+    rate_hz: float | None = None  # requests a second
+    window_usage_cores: float | None = None  # CPUs used
+    mean_s: float | None = None  # latency, whatever the target's metric
+    p95_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +158,11 @@ def _container(doc: Any) -> ContainerReport:
         cid, cls, _seconds(doc["target_s"], "target_s"), metric,
         None if measured is None else _seconds(measured, "measured_s"),
         None if limit is None else _cpus(limit, "cpu_limit_cores", positive=True),
-        _cpus(doc["cpu_usage_cores"], "cpu_usage_cores"), _count(doc["samples"], "samples"))
+        _cpus(doc["cpu_usage_cores"], "cpu_usage_cores"), _count(doc["samples"], "samples"),
+        _optional(doc.get("rate_hz"), "rate_hz", MAX_RATE_HZ),
+        _optional(doc.get("window_usage_cores"), "window_usage_cores", MAX_CPUS),
+        _optional(doc.get("mean_s"), "mean_s", MAX_SECONDS),
+        _optional(doc.get("p95_s"), "p95_s", MAX_SECONDS))
 
 
 def _ack(doc: dict[str, Any]) -> Ack:
@@ -204,8 +217,12 @@ def _number(value: Any, what: str, high: float, positive: bool) -> float:
     return float(value)
 
 
+def _optional(value: Any, what: str, high: float) -> float | None:
+    return None if value is None else _number(value, what, high, positive=False)
+
+
 def _seconds(value: Any, what: str) -> float:
-    return _number(value, what, 1e6, positive=False)
+    return _number(value, what, MAX_SECONDS, positive=False)
 
 
 def _cpus(value: Any, what: str, positive: bool = False) -> float:

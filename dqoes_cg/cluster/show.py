@@ -14,6 +14,34 @@ def _cpus(value: float | None, none: str = "-") -> str:
     return none if value is None else f"{value:.2f}"
 
 
+def format_pipelines(view: ClusterView) -> str:
+    """Each pipeline, then each stage's share of its target (a refused one: why)."""
+    pipelines = [("PIPELINE", "TARGET", "METRIC", "MEASURED", "MEAN", "P95", "NOTE")]
+    stages = [("STAGE", "NEXT", "SHARE", "TARGET", "MEASURED", "REPLICAS", "NODES", "CLASS",
+               "WORK", "RATE")]
+    for p in view.pipelines:
+        note = (f"refused, unmanaged: {p.error}" if p.error else
+                "" if p.feasible else "target below what its stages can do at 1 CPU a "
+                "replica")
+        pipelines.append((p.name, format_duration(p.target_s), p.metric or "-",
+                          format_duration(p.measured_s), format_duration(p.mean_s),
+                          format_duration(p.p95_s), note))
+        for st in p.stages:
+            share = "-" if st.target_s is None or not p.target_s else \
+                f"{100 * st.target_s / p.target_s:.0f}%"
+            stages.append((f"{p.name}/{st.name}", ",".join(st.next) or "-", share,
+                           format_duration(st.target_s), format_duration(st.measured_s),
+                           str(st.replicas), ",".join(st.nodes) or "-",
+                           ",".join(st.classes) or "-", format_duration(st.work_s),
+                           "-" if st.rate_hz is None else f"{st.rate_hz:.2f}/s"))
+    lines = [format_table(pipelines)]
+    if len(stages) > 1:
+        lines += ["", format_table(stages)]
+    lines.append("(a pipeline's MEASURED, MEAN and P95 are estimates: its stages' summed "
+                 "along the path where that is largest)")
+    return "\n".join(lines)
+
+
 def format_cluster(view: ClusterView) -> str:
     nodes = [("NODE", "ROLE", "STATE", "BUDGET", "USED", "SPARE", "G", "S", "B", "IDLE",
               "PENDING", "REFUSED", "WHY")]
@@ -46,9 +74,11 @@ def format_cluster(view: ClusterView) -> str:
                       _cpus(t.cpu_usage_cores),
                       "-" if t.samples is None else str(t.samples), t.reason or ""))
     up = sum(1 for n in view.nodes if n.reachable)
-    lines = [format_table(nodes), "", format_table(services), "", format_table(tasks), "",
-             f"|S| {view.satisfied()} of {len(view.tasks)} tasks | nodes {up} of "
-             f"{len(view.nodes)} up"]
+    lines = [format_table(nodes), "", format_table(services), "", format_table(tasks), ""]
+    if view.pipelines:
+        lines += [format_pipelines(view), ""]
+    lines.append(f"|S| {view.satisfied()} of {len(view.tasks)} tasks | nodes {up} of "
+                 f"{len(view.nodes)} up")
     if not view.acting:
         lines.append("recommend only: placement makes no update (dqoesctl cluster act to "
                      "make them); it would make:" if view.recommended else

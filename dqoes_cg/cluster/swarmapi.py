@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engines.client import Engine, EngineError, parse_labels
-from ..membership.labels import effective, objective, ours
+from ..membership.labels import PIPELINE_KEYS, effective, objective, ours
 from ..membership.objective import Objective
 
 log = logging.getLogger(__name__)
@@ -43,16 +43,17 @@ class SwarmService:
     name: str
     mode: str  # replicated, global
     replicas: int | None
-    labels: dict[str, str]  # its dqoes. service labels (what the nodes get)
+    labels: dict[str, str]  # its dqoes. service labels but a pipeline's (what nodes get)
     objective: Objective | None  # what its labels and its containers' labels ask
     error: str | None  # why they are refused
     updating: bool
     start_first: bool
     avoid: tuple[str, ...]  # node IDs the manager keeps it off (AVOID_LABEL)
+    pipeline: dict[str, str] = field(default_factory=dict)  # its labels of PIPELINE_KEYS
 
     @property
     def concerns_us(self) -> bool:
-        return self.objective is not None or self.error is not None
+        return self.objective is not None or self.error is not None or bool(self.pipeline)
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,15 @@ def parse_service(doc: Any) -> SwarmService | None:
         except ValueError as e:
             error = str(e)
         avoid = labels.get(AVOID_LABEL, "")
+        mine = ours(labels)
         return SwarmService(
             sid, _str(spec["Name"]), "replicated" if isinstance(replicated, dict) else "global",
             int(replicated.get("Replicas", 1)) if isinstance(replicated, dict) else None,
-            ours(labels), wanted, error,
+            {k: v for k, v in mine.items() if k not in PIPELINE_KEYS}, wanted, error,
             status.get("State") in ("updating", "rollback_started"),
             update.get("Order") == "start-first",
-            tuple(sorted(n for n in avoid.split(",") if n)))
+            tuple(sorted(n for n in avoid.split(",") if n)),
+            {k: v for k, v in mine.items() if k in PIPELINE_KEYS})
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 

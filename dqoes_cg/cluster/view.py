@@ -33,6 +33,9 @@ The view (frozen dataclasses; lists sorted by name, node, slot):
   usage). `cls` is "unknown" (with `reason`) when no accepted report covers it: its node is
   unreachable, or has not reported it yet. Only a task in S on a reachable node counts as
   satisfied.
+- `pipelines`: each pipeline its stages' labels declare (pipelines.py): its end-to-end target
+  and an estimate of the measured one, and per stage its share of the target (split.py),
+  replicas, nodes and classes; a refused one with its reason.
 
 Actions (what a placement may ask; each is a Swarm service or node update, see actions.py):
 - `move_away(service_id, node_id)`: the service's tasks on that node move to other nodes,
@@ -126,6 +129,43 @@ class TaskView:
     cpu_usage_cores: float | None
     samples: int | None
     reason: str | None = None  # why it is unknown
+    rate_hz: float | None = None  # requests a second over its node's last window
+    window_usage_cores: float | None = None  # CPUs it used over that window
+    mean_s: float | None = None  # its latency over that window, whatever its metric
+    p95_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StageView:
+    """One stage (a service) of a pipeline."""
+
+    service_id: str
+    name: str
+    next: tuple[str, ...]  # the stages it feeds, by name
+    target_s: float | None  # its share of the end-to-end target, pushed as its dqoes.target
+    replicas: int  # its tasks running now
+    nodes: tuple[str, ...]  # where they run (hostnames)
+    classes: tuple[str, ...]  # its tasks' (TASK_CLASSES), in the order of the tasks
+    measured_s: float | None  # the mean over its measured tasks, in the pipeline's metric
+    work_s: float | None  # CPU-seconds per request (window usage / rate, over its tasks)
+    rate_hz: float | None  # requests a second, over its tasks
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """A pipeline declared by its stages' labels (pipelines.py), or refused (`error`)."""
+
+    name: str
+    target_s: float | None  # end to end (None: refused)
+    metric: str | None
+    # Estimates from the stages' latencies (None until every stage is measured): in the
+    # target's metric, mean and p95, each summed along the path where that sum is largest
+    measured_s: float | None
+    mean_s: float | None
+    p95_s: float | None
+    feasible: bool  # the stages' floors fit in the target on every path (split.py)
+    stages: tuple[StageView, ...]  # in topological order
+    error: str | None = None  # why it is refused and left unmanaged
 
 
 @dataclass(frozen=True)
@@ -146,6 +186,7 @@ class ClusterView:
     tasks: list[TaskView]
     acting: bool = True  # False: placement's updates are recommended, not made
     recommended: tuple[Recommendation, ...] = ()  # while not acting, the latest first
+    pipelines: tuple[PipelineView, ...] = ()  # by name
 
     def node(self, node_id: str) -> NodeView | None:
         return next((n for n in self.nodes if n.id == node_id), None)
@@ -173,7 +214,16 @@ class ClusterView:
                     for s in doc["services"]],
                    [known_fields(TaskView, {**t, "cls": t["class"]}) for t in doc["tasks"]],
                    doc.get("acting", True) is not False,
-                   tuple(known_fields(Recommendation, r) for r in doc.get("recommended", ())))
+                   tuple(known_fields(Recommendation, r) for r in doc.get("recommended", ())),
+                   tuple(_pipeline(p) for p in doc.get("pipelines", ())))
+
+
+def _pipeline(doc: dict[str, Any]) -> PipelineView:
+    stages = tuple(known_fields(StageView, {**st, "next": tuple(st["next"]),
+                                            "nodes": tuple(st["nodes"]),
+                                            "classes": tuple(st["classes"])})
+                   for st in doc["stages"])
+    return known_fields(PipelineView, {**doc, "stages": stages})
 
 
 class Actions(Protocol):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..membership.labels import KNOWN, PREFIX
+from ..membership.labels import KNOWN, PIPELINE_KEYS, PREFIX
 
 API = "/v1.41"  # Docker 20.10's; Docker's later engines and Podman's compatible API accept it
 DOCKER_SOCKET = Path("/run/docker.sock")
@@ -30,7 +30,7 @@ PODMAN_SOCKET = Path("/run/podman/podman.sock")
 TIMEOUT_S = 10.0
 MAX_REPLY = 64 << 20  # a listing of thousands of containers is a few MB
 MAX_EVENT = 1 << 20  # one event line
-MAX_LABELS = len(KNOWN) + 1  # `dqoes.` labels kept per container or service: one unknown
+MAX_LABELS = len(KNOWN) + len(PIPELINE_KEYS) + 1  # `dqoes.` labels kept: one unknown
 MAX_LABEL_CHARS = 256  # of a `dqoes.` label's key or value kept (membership/labels.py reads 64)
 MAX_OTHER_CHARS = 4096  # of another label's value kept (a list of node IDs)
 SERVICE_ID = "com.docker.swarm.service.id"  # a label of every task container of a service

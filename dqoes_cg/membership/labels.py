@@ -9,8 +9,9 @@ On a Swarm service they are service labels (`docker service create --label dqoes
 changed later with `docker service update --label-add`, which recreates no task) or
 container labels of its tasks (`--container-label`, fixed when the tasks are created); a
 service label wins over the same container label. Labels are hostile input: anything but
-these two keys under `dqoes.`, or a value they do not accept, leaves the container
-unmanaged, with a one-line reason.
+these keys under `dqoes.`, or a value they do not accept, leaves the container
+unmanaged, with a one-line reason. A pipeline's labels (PIPELINE_KEYS, on Swarm services) are
+the cluster manager's: it turns them into a `dqoes.target` per stage.
 """
 
 from __future__ import annotations
@@ -33,8 +34,13 @@ METRIC = "dqoes.metric"
 POLICY = "dqoes.policy"
 KNOWN = (TARGET, METRIC, POLICY)
 MAX_VALUE = 64  # characters of a label value worth reading
-
-
+PIPELINE = "dqoes.pipeline"
+NEXT = "dqoes.next"
+PIPELINE_TARGET = "dqoes.pipeline.target"
+PIPELINE_METRIC = "dqoes.pipeline.metric"
+PIPELINE_KEYS = (PIPELINE, NEXT, PIPELINE_TARGET, PIPELINE_METRIC)
+"""A pipeline's service labels: read by the cluster's manager (cluster/pipelines.py), which
+gives each stage its own target; a container's objective ignores them."""
 
 
 def ours(labels: Mapping[str, str]) -> dict[str, str]:
@@ -45,7 +51,7 @@ def ours(labels: Mapping[str, str]) -> dict[str, str]:
 def objective(labels: Mapping[str, str]) -> Objective | None:
     """The objective that `labels` describe; None when they name none (no `dqoes.` label).
     ValueError, with a one-line reason, when they are malformed."""
-    mine = ours(labels)
+    mine = {k: v for k, v in ours(labels).items() if k not in PIPELINE_KEYS}
     if not mine:
         return None
     unknown = sorted(set(mine) - set(KNOWN))
