@@ -27,6 +27,8 @@ struct dq_cgentry {
     int stat_fd; /* >= 0: open descriptor; < 0: -errno of the failed open */
     int max_fd;
     int psi_fd;     /* cpu.pressure; < 0 (-errno) on kernels without pressure information */
+    int mem_psi_fd; /* memory.pressure and io.pressure, likewise */
+    int io_psi_fd;
     int weight_fd;  /* cpu.weight */
     int err;        /* errno behind the last non-OK status (cpu.stat, cpu.max) */
     int weight_err; /* errno behind the last non-OK status of cpu.weight */
@@ -79,13 +81,15 @@ static void open_entry(struct dq_cgentry *e, const char *dir)
     int dirfd = open_nofollow(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY);
     if (dirfd < 0) {
         e->err = e->weight_err = errno;
-        e->stat_fd = e->max_fd = e->psi_fd = e->weight_fd = -e->err;
+        e->stat_fd = e->max_fd = e->psi_fd = e->mem_psi_fd = e->io_psi_fd = e->weight_fd = -e->err;
         return;
     }
     e->stat_fd = open_file(dirfd, "cpu.stat", O_RDONLY);
     e->max_fd = open_file(dirfd, "cpu.max", O_RDWR);
     e->psi_fd = open_file(dirfd, "cpu.pressure", O_RDONLY); /* optional: not in e->err */
-    e->weight_fd = open_file(dirfd, "cpu.weight", O_RDWR);  /* its own error: weight_err */
+    e->mem_psi_fd = open_file(dirfd, "memory.pressure", O_RDONLY);
+    e->io_psi_fd = open_file(dirfd, "io.pressure", O_RDONLY);
+    e->weight_fd = open_file(dirfd, "cpu.weight", O_RDWR); /* its own error: weight_err */
     e->err = e->stat_fd < 0 ? -e->stat_fd : e->max_fd < 0 ? -e->max_fd : 0;
     e->weight_err = e->weight_fd < 0 ? -e->weight_fd : 0;
     close(dirfd);
@@ -106,6 +110,8 @@ dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n)
             t->e[i] = (struct dq_cgentry){.stat_fd = -EBADF,
                                           .max_fd = -EBADF,
                                           .psi_fd = -EBADF,
+                                          .mem_psi_fd = -EBADF,
+                                          .io_psi_fd = -EBADF,
                                           .weight_fd = -EBADF,
                                           .err = EBADF,
                                           .weight_err = EBADF};
@@ -116,7 +122,8 @@ dq_cgtable *dq_cgtable_open(const char *const *dirs, size_t n)
 /* Closes every descriptor the entry holds; it is left closed (EBADF). */
 static void close_entry(struct dq_cgentry *e)
 {
-    int *fds[] = {&e->stat_fd, &e->max_fd, &e->psi_fd, &e->weight_fd};
+    int *fds[] = {&e->stat_fd,    &e->max_fd,    &e->psi_fd,
+                  &e->mem_psi_fd, &e->io_psi_fd, &e->weight_fd};
     for (size_t k = 0; k < sizeof fds / sizeof fds[0]; k++) {
         if (*fds[k] >= 0)
             close(*fds[k]);
@@ -132,7 +139,8 @@ int dq_cgtable_adopt(dq_cgtable *dst, size_t i, dq_cgtable *src, size_t j)
     struct dq_cgentry *to = &dst->e[i], *from = &src->e[j];
     close_entry(to);
     *to = *from;
-    from->stat_fd = from->max_fd = from->psi_fd = from->weight_fd = -EBADF;
+    from->stat_fd = from->max_fd = from->psi_fd = from->mem_psi_fd = from->io_psi_fd =
+        from->weight_fd = -EBADF;
     from->err = from->weight_err = EBADF;
     return 0;
 }
@@ -480,38 +488,84 @@ size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_
     return ok;
 }
 
-/* Parses the total of the "some" line of cpu.pressure ("some avg10=... total=<usec>");
- * the "full" line and the averages are ignored. Returns 0 or EBADMSG. */
-static int parse_pressure_some(const char *buf, size_t len, uint64_t *total)
+/* Parses avg10's "<int>.<two digits>" (a percentage) at p into hundredths of a percent,
+ * up to 100.00. Returns the first byte after it, or NULL. */
+static const char *parse_centi(const char *p, const char *end, uint32_t *out)
 {
-    static const char key[] = " total=";
+    uint64_t whole = 0;
+    if (!(p = parse_u64(p, end, &whole)) || end - p < 3 || p[0] != '.' || p[1] < '0' ||
+        p[1] > '9' || p[2] < '0' || p[2] > '9')
+        return NULL;
+    uint64_t centi = whole * 100 + (uint64_t)(p[1] - '0') * 10 + (uint64_t)(p[2] - '0');
+    if (whole > 100 || centi > 10000)
+        return NULL;
+    *out = (uint32_t)centi;
+    return p + 3;
+}
+
+int dq_psi_parse_some(const char *buf, size_t len, uint64_t *total, uint32_t *avg10_centi)
+{
+    static const char avg10[] = "some avg10=", key[] = " total=";
     const char *end = memchr(buf, '\n', len);
     const char *p;
+    uint32_t avg = 0;
 
     if (!end)
         end = buf + len;
-    if (end - buf < 5 || memcmp(buf, "some ", 5) != 0)
+    if ((size_t)(end - buf) < sizeof avg10 - 1 || memcmp(buf, avg10, sizeof avg10 - 1) != 0)
         return EBADMSG;
-    p = memmem(buf, (size_t)(end - buf), key, sizeof key - 1);
+    p = parse_centi(buf + sizeof avg10 - 1, end, &avg);
+    if (!p || p == end || *p != ' ')
+        return EBADMSG;
+    p = memmem(p, (size_t)(end - p), key, sizeof key - 1);
     if (!p || parse_u64(p + sizeof key - 1, end, total) != end)
         return EBADMSG;
+    *avg10_centi = avg;
     return 0;
 }
 
-size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec, int32_t *status)
+/* Reads and parses the "some" line of the pressure file fd (< 0: -errno of its open).
+ * Returns 0 or an errno. */
+static int read_psi(int fd, uint64_t *total, uint32_t *avg10_centi)
 {
     char buf[PSI_BUF];
-    size_t ok = 0;
+    ssize_t n = fd < 0 ? fd : read_all(fd, buf, sizeof buf);
+    return n < 0 ? (int)-n : dq_psi_parse_some(buf, (size_t)n, total, avg10_centi);
+}
 
-    for (size_t i = 0; i < t->n; i++) {
+size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec, int32_t *status,
+                           uint64_t *stall_usec, uint32_t *avg10_centi, int32_t *stall_status)
+{
+    size_t ok = 0, n = t->n;
+
+    for (size_t i = 0; i < n; i++) {
         const struct dq_cgentry *e = &t->e[i];
+        uint64_t total = 0;
+        uint32_t avg = 0;
+        int err = 0;
+        if (stall_usec) { /* every entry's three files, each read once */
+            int fds[DQ_PSI_RESOURCES] = {e->psi_fd, e->mem_psi_fd, e->io_psi_fd};
+            for (size_t r = 0; r < DQ_PSI_RESOURCES; r++) {
+                size_t k = r * n + i;
+                uint64_t stalled = 0;
+                int rerr = read_psi(fds[r], &stalled, &avg);
+                stall_status[k] = status_of(rerr);
+                if (!rerr) { /* a bad file leaves its last values */
+                    stall_usec[k] = stalled;
+                    avg10_centi[k] = avg;
+                }
+                if (r == 0) {
+                    err = rerr;
+                    total = stalled;
+                }
+            }
+        }
         if (want && !want[i] && e->psi_fd >= 0) { /* without the file: reported below */
             status[i] = DQ_CG_SKIPPED;
             continue;
         }
-        uint64_t total = 0;
-        ssize_t n = e->psi_fd < 0 ? e->psi_fd : read_all(e->psi_fd, buf, sizeof buf);
-        int err = n < 0 ? (int)-n : parse_pressure_some(buf, (size_t)n, &total);
+        if (!stall_usec)
+            err = read_psi(e->psi_fd, &total, &avg);
         status[i] = status_of(err);
         if (err)
             continue;

@@ -2,10 +2,10 @@
  * per operation for all of them.
  *
  * Each entry keeps a descriptor to its cgroup's cpu.stat (read), cpu.max and cpu.weight
- * (read/write) and cpu.pressure (read, where the kernel has it); one entry that cannot be
- * opened, vanishes or holds something unexpected never fails the batch: every operation
- * fills a per-entry status instead. The arrays passed to the operations are owned by the
- * caller and have one element per entry.
+ * (read/write) and cpu.pressure, memory.pressure and io.pressure (read, where the kernel
+ * has them); one entry that cannot be opened, vanishes or holds something unexpected never
+ * fails the batch: every operation fills a per-entry status instead. The arrays passed to
+ * the operations are owned by the caller and have one element per entry.
  */
 #ifndef DQOES_CGTABLE_H
 #define DQOES_CGTABLE_H
@@ -66,6 +66,9 @@ size_t dq_cgtable_apply(dq_cgtable *t, const int64_t *quota_usec, const int64_t 
 size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_usec,
                             int32_t *status, int64_t *weight, int32_t *weight_status);
 
+/* The pressure files read, in this order: cpu.pressure, memory.pressure, io.pressure. */
+#define DQ_PSI_RESOURCES 3
+
 /* Reads the total of the "some" line of cpu.pressure of every entry i with want[i] != 0
  * (of every entry when want is NULL): the time, in microseconds, during which at least one
  * of its tasks was runnable but waited for a CPU (pressure stall information; a kernel
@@ -73,9 +76,20 @@ size_t dq_cgtable_read_back(dq_cgtable *t, int64_t *quota_usec, int64_t *period_
  * is updated; an entry not wanted is not read, its status is DQ_CG_SKIPPED and its total
  * left as it was, unless it has no open cpu.pressure, whose failure it reports as when
  * wanted (that costs no read). This status is not the entry's (dq_cgtable_errno is not
- * changed). Returns the number of OK entries. */
-size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec,
-                           int32_t *status);
+ * changed). Returns the number of OK entries.
+ *
+ * Where stall_usec is not NULL, every entry's three pressure files are read (each once:
+ * the wanted cpu totals above come from the same read) into stall_usec, avg10_centi and
+ * stall_status, of DQ_PSI_RESOURCES * n elements each, resource-major (element r * n + i):
+ * the "some" total, its avg10 in hundredths of a percent, and the status; a value whose
+ * status is not OK is left as it was. */
+size_t dq_cgtable_pressure(dq_cgtable *t, const uint8_t *want, uint64_t *some_usec, int32_t *status,
+                           uint64_t *stall_usec, uint32_t *avg10_centi, int32_t *stall_status);
+
+/* Parses the "some" line of a pressure file ("some avg10=1.25 avg60=... total=<usec>",
+ * the first line; the rest is ignored), as /proc/pressure/ has them too. Returns 0 or
+ * EBADMSG. */
+int dq_psi_parse_some(const char *buf, size_t len, uint64_t *total, uint32_t *avg10_centi);
 
 /* The errno behind entry i's last non-OK status (EBADMSG for malformed content), else 0;
  * dq_cgtable_weight_errno: the same for its cpu.weight. */

@@ -1,7 +1,8 @@
 """A table of cgroups sampled and limited in one C call per operation (sense and act I/O).
 
-`CgroupTable(dirs)` opens each cgroup's cpu.stat, cpu.max, cpu.weight and cpu.pressure once
-and owns one numpy array per quantity, indexed by slot (the position in `dirs`). The
+`CgroupTable(dirs)` opens each cgroup's cpu.stat, cpu.max, cpu.weight and its pressure files
+(cpu, memory, io) once and owns one numpy array per quantity, indexed by slot (the position
+in `dirs`; a row per pressure file first, for the stalls). The
 per-tick methods pass cached pointers to those arrays to C and allocate nothing; callers
 read the arrays in place and fill requests in place (or pass them to `apply`). Membership
 changes build a new table.
@@ -54,16 +55,21 @@ WEIGHT_MIN, WEIGHT_MAX = lib.DQ_CG_WEIGHT_MIN, lib.DQ_CG_WEIGHT_MAX
 WEIGHT_UNKNOWN = 0
 """A last-written weight of 0 means "unknown": the next `apply` writes that slot's weight."""
 
-FDS_PER_CGROUP = 4
+PSI_RESOURCES = ("cpu", "memory", "io")
+"""The pressure files read, in the order of the stall arrays' rows."""
+assert len(PSI_RESOURCES) == lib.DQ_PSI_RESOURCES
+
+FDS_PER_CGROUP = 6
 FD_MARGIN = 64
 
 _CTYPES = {np.dtype(np.uint64): "uint64_t[]", np.dtype(np.int64): "int64_t[]",
-           np.dtype(np.int32): "int32_t[]", np.dtype(np.bool_): "uint8_t[]"}
+           np.dtype(np.int32): "int32_t[]", np.dtype(np.uint32): "uint32_t[]",
+           np.dtype(np.bool_): "uint8_t[]"}
 
 
 def raise_fd_limit(needed: int, *, hard: bool = False) -> int:
     """Makes room for `needed` more descriptors: lifts the soft RLIMIT_NOFILE towards the
-    hard one (the usual soft limit, 1024, holds about 240 cgroups at four descriptors each),
+    hard one (the usual soft limit, 1024, holds about 160 cgroups at six descriptors each),
     and with `hard` the hard one too, as far as this process may. Returns how many more
     descriptors may be opened."""
     in_use = len(os.listdir("/proc/self/fd")) + FD_MARGIN
@@ -97,8 +103,11 @@ class _Array:
     """A per-slot numpy array of `CgroupTable`, readable in place but never rebound
     (C writes through a pointer to the array allocated at construction)."""
 
-    def __init__(self, dtype: type, fill: int = 0) -> None:
-        self.dtype, self.fill = np.dtype(dtype), fill
+    def __init__(self, dtype: type, fill: int = 0, rows: int = 0) -> None:
+        self.dtype, self.fill, self.rows = np.dtype(dtype), fill, rows  # rows: (rows, n)
+
+    def new(self, n: int) -> np.ndarray:
+        return np.full((self.rows, n) if self.rows else n, self.fill, self.dtype)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -153,6 +162,11 @@ class CgroupTable:
     pressure_wanted = _Array(np.bool_, True)
     waited_usec = _Array(np.uint64)
     pressure_status = _Array(np.int32, Status.ERROR)
+    # pressure(stalls=True): every slot's "some" line of each pressure file, a row per
+    # PSI_RESOURCES: the total stalled time, avg10 in hundredths of a percent, the Status
+    stall_usec = _Array(np.uint64, rows=len(PSI_RESOURCES))
+    stall_avg10_centi = _Array(np.uint32, rows=len(PSI_RESOURCES))
+    stall_status = _Array(np.int32, Status.ERROR, rows=len(PSI_RESOURCES))
 
     def __init__(self, dirs: Sequence[str | os.PathLike[str]],
                  adopt: CgroupTable | None = None) -> None:
@@ -162,7 +176,7 @@ class CgroupTable:
         self.dirs: tuple[Path, ...] = tuple(Path(d) for d in dirs)
         n = len(self.dirs)
         specs = [a for a in vars(CgroupTable).values() if isinstance(a, _Array)]
-        self._arrays = {a.name: np.full(n, a.fill, a.dtype) for a in specs}
+        self._arrays = {a.name: a.new(n) for a in specs}
         self._ptr = {a.name: ffi.from_buffer(_CTYPES[a.dtype], self._arrays[a.name])
                      for a in specs}
         self._scratch = np.zeros(n, bool)
@@ -184,7 +198,7 @@ class CgroupTable:
                 lib.dq_cgtable_adopt(table, i, adopt._table, j)
             new, old = (np.array(x, dtype=np.intp) for x in zip(*pairs, strict=True))
             for name, array in self._arrays.items():
-                array[new] = adopt._arrays[name][old]
+                array[..., new] = adopt._arrays[name][..., old]
 
     def __len__(self) -> int:
         return len(self.dirs)
@@ -195,15 +209,21 @@ class CgroupTable:
         return lib.dq_cgtable_sample(self._handle(), p["usage_usec"], p["throttled_usec"],
                                      p["nr_periods"], p["nr_throttled"], p["status"])
 
-    def pressure(self) -> int:
+    def pressure(self, stalls: bool = False) -> int:
         """Reads the CPU pressure total of every cgroup that `pressure_wanted` (filled in
         place; every slot at construction) asks for into `waited_usec`; returns the number
         of OK slots. A slot not asked for is not read: Status.SKIPPED, its total left as it
         was (but a slot without the file, as on a kernel without pressure stall
-        information, reports that failure either way: it costs no read)."""
+        information, reports that failure either way: it costs no read).
+
+        With `stalls`, every slot's three pressure files are read too, in the same call
+        and each once, into `stall_usec`, `stall_avg10_centi` and `stall_status`."""
         p = self._ptr
-        return lib.dq_cgtable_pressure(self._handle(), p["pressure_wanted"], p["waited_usec"],
-                                       p["pressure_status"])
+        return lib.dq_cgtable_pressure(
+            self._handle(), p["pressure_wanted"], p["waited_usec"], p["pressure_status"],
+            p["stall_usec"] if stalls else ffi.NULL,
+            p["stall_avg10_centi"] if stalls else ffi.NULL,
+            p["stall_status"] if stalls else ffi.NULL)
 
     def apply(self, quota_usec: np.ndarray | int | None = None,
               period_usec: np.ndarray | int | None = None) -> int:

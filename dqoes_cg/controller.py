@@ -8,7 +8,9 @@ One tick (every sample interval), for all bound containers at once:
     act     on its schedule, the actuator reads every cpu.max back and rewrites what
             someone else changed (actuator.py)
     decide  when the policy is due: the window's latency statistic, CPU usage and limit in
-            force go to the policy (policy/), which returns the new limits
+            force go to the policy (policy/), which returns the new limits; what slowed
+            the containers and the node over the window (pressure, throttling, hardware
+            counters where the host has them) is taken then, for status
     act     the actuator writes the limits that changed, in one C call (actuator.py)
 
 The per-tick path is C calls and numpy on preallocated per-slot arrays. Python work per
@@ -32,6 +34,7 @@ import math
 import os
 import time
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -55,6 +58,8 @@ from .membership.engine_targets import EngineTargets
 from .membership.objective import ENGINE_SOURCES, Objective, Target
 from .membership.rings import Rings
 from .membership.targets import Binder, ResolveMany, TargetError, Targets
+from .nodepressure import NodePressure
+from .perfcounters import HardwareCounters
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet
 from .snapshot import Counters, build
@@ -64,7 +69,7 @@ from .systemd_units import UnitLimiter
 
 log = logging.getLogger(__name__)
 
-FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max, cpu.weight, cpu.pressure, the ring
+FDS_PER_TARGET = FDS_PER_CGROUP + 1  # cpu.stat, cpu.max, cpu.weight, three pressures, the ring
 FD_RESERVE = 512
 """Descriptors kept for all but the targets: the control socket's clients (at most 288),
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
@@ -92,6 +97,9 @@ class Controller:
         self.targets = Targets(StateStore(cfg.state_dir), self.mount)
         self.rings = Rings(cfg.run_dir, cfg.ring_capacity, self.targets)
         self.counters = Counters(interval=cfg.params.iv_initial)
+        self.node_pressure = NodePressure()
+        self.node_pressure.sample(time.monotonic())
+        self.hardware, self.hardware_said = HardwareCounters.start()
         self._next_rebind = 0.0
         self.fd_limit = open_file_limit()
         self.max_targets = max(0, (self.fd_limit - FD_RESERVE) // FDS_PER_TARGET)
@@ -130,6 +138,9 @@ class Controller:
 
     def _decide(self, now: float) -> None:
         decision = self.policy.decide(self.fleet.observe_window(now), now)
+        self.node_pressure.sample(now)
+        if self.hardware is not None:
+            self.hardware.sample(now)
         if decision is None:
             return
         self.fleet.record(decision)
@@ -170,6 +181,8 @@ class Controller:
         if not self.acting:  # a limit of ours still in force from an earlier run: given back
             self.actuator.stop_acting()
         self.fleet = Fleet(bound, table, rings, self.cpus, self.actuator.limit, old_fleet, now)
+        if self.hardware is not None:
+            self.hardware.follow({t.name: Path(t.cgroup) for t in bound if t.cgroup})
         if old_fleet is not None:
             old_fleet.table.close()  # what the new table did not take over
         self.policy.resize(len(self.fleet), self.fleet.carried)
@@ -309,7 +322,8 @@ class Controller:
         systemd = (self.limiter.sent, self.limiter.failed) if self.limiter else (0, 0)
         return build(targets, {t.name: str(self.rings.path(t.name)) for t in targets},
                      self.targets.reasons, self.fleet, self.actuator, self.counters,
-                     self.policy.name, self.cpus, systemd, self.cfg.params.alpha)
+                     self.policy.name, self.cpus, systemd, self.cfg.params.alpha,
+                     self.node_pressure, self.hardware, self.hardware_said)
 
     def summary(self) -> str:
         """One line for sd_notify's STATUS= on every tick: cheap, no per-container work
@@ -326,4 +340,6 @@ class Controller:
         if len(self.fleet):
             self.actuator.restore(np.ones(len(self.fleet), bool))
         self.fleet.close()
+        if self.hardware is not None:
+            self.hardware.close()
         self.targets.store.close()

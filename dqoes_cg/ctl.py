@@ -4,7 +4,7 @@
     dqoesctl set-target CONTAINER --training [--pending]
     dqoesctl unset-target CONTAINER
     dqoesctl list [--json]
-    dqoesctl status [CONTAINER] [--json] [--watch [SECONDS]]
+    dqoesctl status [CONTAINER] [--json | --interference] [--watch [SECONDS]]
     dqoesctl cluster status [--json] [--watch [SECONDS]]   (on a Swarm manager)
     dqoesctl cluster act | recommend     (make placement's updates, or only show them)
     dqoesctl act | recommend     (write the limits decided, or only show them)
@@ -34,7 +34,7 @@ from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
 from .membership.objective import DEFAULT_METRIC, METRICS, TRAINING
 from .paths import DEFAULT_SOCKET, MANAGER_SOCKET
-from .status import Listing, Status
+from .status import PRESSURE_RESOURCES, Listing, Status
 from .table import format_table
 
 EXIT_ERROR = 1
@@ -93,6 +93,42 @@ def format_status(status: Status) -> str:
     return "\n".join(lines)
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _stall(pressure: dict[str, dict[str, float | None]], resource: str, key: str) -> str:
+    value = pressure.get(resource, {}).get(key)
+    if value is None:
+        return "-"
+    return f"{value:.1f}%" if key == "avg10_pct" else _share(value)
+
+
+def format_interference(status: Status) -> str:
+    """What slows the node and each container: the share of the last window in which some
+    task stalled on each resource (cpu, memory, io), the kernel's avg10 on the node, the
+    share of periods throttled, and hardware counters where the host has them."""
+    h = status.host
+    node = "  ".join(f"{r} {_stall(h.pressure, r, 'some_ratio')} "
+                     f"(avg10 {_stall(h.pressure, r, 'avg10_pct')})"
+                     for r in PRESSURE_RESOURCES)
+    counted = any(c.ipc is not None for c in status.containers)
+    rows = [("CONTAINER", "CPU SOME", "MEMORY SOME", "IO SOME", "THROTTLED")
+            + (("IPC", "LLC MISS/S") if counted else ())]
+    rows += [(c.name,
+              *(_stall(c.pressure, r, "some_ratio") for r in PRESSURE_RESOURCES),
+              _share(c.throttled_window_ratio))
+             + ((_number(c.ipc), _number(c.llc_misses_per_s)) if counted else ())
+             for c in status.containers]
+    lines = [f"node pressure (some, last window): {node}"]
+    if h.ipc is not None:
+        lines.append(f"node IPC {_number(h.ipc)}, LLC misses {_number(h.llc_misses_per_s)}/s")
+    lines += ["", format_table(rows)]
+    if h.hardware_counters:
+        lines += ["", h.hardware_counters]
+    return "\n".join(lines)
+
+
 def format_list(targets: list[Listing]) -> str:
     rows = [("CONTAINER", "KIND", "TARGET", "METRIC", "STATE", "SOURCE", "CGROUP")]
     rows += [(t.name, t.kind or "-", format_duration(t.target_s), t.metric or "-", t.state,
@@ -132,7 +168,12 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     st = sub.add_parser("status", help="show the controller's view")
     st.add_argument("container", nargs="?")
-    st.add_argument("--json", action="store_true")
+    view = st.add_mutually_exclusive_group()
+    view.add_argument("--json", action="store_true")
+    view.add_argument("--interference", action="store_true",
+                      help="what slows the node and each container: pressure stalls (cpu, "
+                           "memory, io), throttling, hardware counters where the host has "
+                           "them")
     st.add_argument("--watch", nargs="?", type=_interval, const=1.0, metavar="SECONDS",
                     help="refresh every SECONDS (default 1) until interrupted")
     sub.add_parser("act", help="write the limits decided, from the next decision on")
@@ -198,8 +239,11 @@ def _run(args: argparse.Namespace) -> str:
         return json.dumps(view, indent=1) if args.json else \
             format_cluster(ClusterView.from_json(view))
     status = request(args.socket, "status", container=args.container)
-    return json.dumps(status, indent=1) if args.json else \
-        format_status(Status.from_json(status))
+    if args.json:
+        return json.dumps(status, indent=1)
+    if args.interference:
+        return format_interference(Status.from_json(status))
+    return format_status(Status.from_json(status))
 
 
 def _interval(text: str) -> float:

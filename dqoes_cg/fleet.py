@@ -10,10 +10,11 @@ A training job's interval runs from its last report before the window (else its 
 the window) to its last in the window: the reports carry their own times, so the progress
 between two reports is exact however the windows fall.
 
-cpu.pressure (how long each container waited for a CPU over the window) is read only for
-the containers whose pressure the policy said it will use (`Decision.pressure`; every one
-until it says): at each window's end for those it asked for over that window, and at its
-decision for those it asks for over the next one that were not read then, so that each
+cpu.pressure (how long each container waited for a CPU over the window) is given to the
+policy only for the containers whose pressure it said it will use (`Decision.pressure`;
+every one until it says): read at each window's end for those it asked for over that window
+(in the call that reads every container's stalls, below), and at its decision for those it
+asks for over the next one that were not read then, so that each
 window's wait is the difference of two readings at its own ends. A container not read at
 either end waited an unknown time by choice (+inf, which the policy counts as having
 waited); one whose file could not be read, an unknown time (NaN).
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .cgtable import CgroupTable, Status
+from .cgtable import PSI_RESOURCES, CgroupTable, Status
 from .membership.objective import TRAINING, Objective, Target
 from .policy import Cls, Decision, Observation
 from .ring import STATS, RingSet, WindowStats
@@ -76,6 +77,17 @@ class Fleet:
         # the Status of that reading: OK, SKIPPED (not read) or why it failed
         self.pressure_at_window = np.full(n, Status.ERROR, np.int32)
         self.pressure_wanted = np.ones(n, bool)  # read at this window's end
+        # What slows it over the window, a row per PSI_RESOURCES: the share of the window
+        # in which some task stalled (NaN: unknown), the kernel's avg10 (percent); the
+        # share of CFS periods throttled
+        rows = len(PSI_RESOURCES)
+        self.stall_share = np.full((rows, n), np.nan)
+        self.stall_avg10 = np.full((rows, n), np.nan)
+        self.stall_at_window = np.zeros((rows, n), np.uint64)
+        self.stall_ok_at_window = np.zeros((rows, n), bool)
+        self.throttled_window = np.full(n, np.nan)
+        self.periods_at_window = np.zeros(n, np.uint64)
+        self.throttled_at_window = np.zeros(n, np.uint64)
         # Training jobs: the latest report (value, and time in s), kept across windows, and
         # the interval of the last window (the policy's inputs).
         self.evaluation = np.full(n, np.nan)
@@ -102,6 +114,10 @@ class Fleet:
         self._unknown = np.zeros(n, bool)
         self._skipped = np.zeros(n, bool)
         self._everyone = np.ones(n, bool)
+        self._window_s = np.zeros(n)
+        self._stall_u = np.zeros((rows, n), np.uint64)
+        self._stall_ok = np.zeros((rows, n), bool)
+        self._stall_bad = np.zeros((rows, n), bool)
         self.obs = Observation(target=self.target_s, measured=self.measured, usage=self.usage,
                                limit=limit, waited=self.waited, rate=self.rate,
                                cpus=cpus, training=self.training,
@@ -112,21 +128,27 @@ class Fleet:
         table.sample()
         for a in (self.usage_at_window, self.usage_prev):
             np.copyto(a, table.usage_usec)
-        np.copyto(self.periods_prev, table.nr_periods)
-        np.copyto(self.throttled_prev, table.nr_throttled)
+        for a in (self.periods_prev, self.periods_at_window):
+            np.copyto(a, table.nr_periods)
+        for a in (self.throttled_prev, self.throttled_at_window):
+            np.copyto(a, table.nr_throttled)
         table.pressure_wanted.fill(True)
-        table.pressure()
+        table.pressure(stalls=True)
         np.copyto(self.waited_at_window, table.waited_usec)
         np.copyto(self.pressure_at_window, table.pressure_status)
+        np.copyto(self.stall_at_window, table.stall_usec)
+        np.equal(table.stall_status, OK, out=self.stall_ok_at_window)
         self.carried = np.full(n, -1, np.intp)  # each slot's slot in `previous`; -1: joined
         if previous is not None:
             new, old = carry_index(self.names, previous.names)
             self.carried[new] = old
             for attr in ("measured", "usage", "samples", "rate", "classes", "score", "window_start",
                          "usage_at_window", "waited_at_window", "pressure_at_window",
-                         "pressure_wanted",
+                         "pressure_wanted", "stall_share", "stall_avg10", "stall_at_window",
+                         "stall_ok_at_window", "throttled_window", "periods_at_window",
+                         "throttled_at_window",
                          "tick_cores", "throttled_ratio", "evaluation", "evaluated_at"):
-                getattr(self, attr)[new] = getattr(previous, attr)[old]
+                getattr(self, attr)[..., new] = getattr(previous, attr)[..., old]
 
     def __len__(self) -> int:
         return len(self.names)
@@ -173,15 +195,41 @@ class Fleet:
         np.copyto(self.samples, w.count)
         self._reports(w)
         np.subtract(self.table.usage_usec, self.usage_at_window, out=self._u)
-        np.subtract(now, self.window_start, out=self._g)
-        np.fmax(self._g, 1e-3, out=self._g)
-        np.divide(self.samples, self._g, out=self.rate)
-        np.multiply(self._g, 1e6 * self.cpus, out=self._g)
+        np.subtract(now, self.window_start, out=self._window_s)
+        np.fmax(self._window_s, 1e-3, out=self._window_s)
+        np.divide(self.samples, self._window_s, out=self.rate)
+        np.multiply(self._window_s, 1e6 * self.cpus, out=self._g)
         np.divide(self._u, self._g, out=self.usage)
         np.copyto(self.usage_at_window, self.table.usage_usec)
         self._waited()
+        self._slowed()
         self.window_start.fill(now)
         return self.obs
+
+    def _slowed(self) -> None:
+        """What slowed each container over the window (after `_waited`'s read of the
+        stalls): each pressure file's stalled share of the window and avg10, and the share
+        of CFS periods throttled. The readings start the next window where they are OK."""
+        t, ok, bad, u = self.table, self._stall_ok, self._stall_bad, self._stall_u
+        np.equal(t.stall_status, OK, out=ok)
+        np.logical_not(ok, out=bad)
+        np.subtract(t.stall_usec, self.stall_at_window, out=u)
+        np.multiply(self._window_s, 1e6, out=self._g)
+        np.divide(u, self._g, out=self.stall_share)
+        np.clip(self.stall_share, 0.0, 1.0, out=self.stall_share)  # tick jitter past 1
+        np.divide(t.stall_avg10_centi, 100.0, out=self.stall_avg10)
+        np.putmask(self.stall_avg10, bad, np.nan)
+        np.logical_and(ok, self.stall_ok_at_window, out=bad)
+        np.logical_not(bad, out=bad)
+        np.putmask(self.stall_share, bad, np.nan)
+        np.putmask(self.stall_at_window, ok, t.stall_usec)
+        np.copyto(self.stall_ok_at_window, ok)
+        np.subtract(t.nr_throttled, self.throttled_at_window, out=self._u)
+        np.subtract(t.nr_periods, self.periods_at_window, out=self._v)
+        np.maximum(self._v, 1, out=self._v)
+        np.divide(self._u, self._v, out=self.throttled_window)
+        np.copyto(self.throttled_at_window, t.nr_throttled)
+        np.copyto(self.periods_at_window, t.nr_periods)
 
     def _waited(self) -> None:
         """The CPU each container waited for over the window (its pressure), in the units
@@ -191,7 +239,7 @@ class Fleet:
         t, status, start = self.table, self.table.pressure_status, self.pressure_at_window
         read, unknown, skipped = self._read, self._unknown, self._skipped
         np.copyto(t.pressure_wanted, self.pressure_wanted)
-        t.pressure()
+        t.pressure(stalls=True)
         np.subtract(t.waited_usec, self.waited_at_window, out=self._u)
         np.divide(self._u, self._g, out=self.waited)
         np.equal(status, OK, out=read)

@@ -11,10 +11,13 @@ format version 0.0.4:
                    foreign writes of its cpu.max and cpu.weight, whether it is contested;
                    for a training job, its list (as its class), evaluation value and growth
                    efficiency; recommending only, the limit it would set and the class
-                   expected
+                   expected; what slowed it over the last window: the share stalled on
+                   cpu, memory and io (pressure "some"), the share of periods throttled,
+                   IPC and LLC misses where the host has hardware counters
     per host       containers per class, ticks, decisions, reconcile corrections, ring faults
                    and lost records, systemd updates, the CPU budget, the listener's interval,
-                   whether it acts
+                   whether it acts; the node's pressure (the window's share, avg10), and its
+                   IPC and LLC misses where counted for the node alone
 
 The endpoint is open to anyone who can reach the address: `MetricsServer` bounds what each
 client may hold (see there).
@@ -147,8 +150,27 @@ def families(status: Status) -> list[Metric]:
         "dqoes_container_expected_class",
         "Recommend-only: 1 for the class (G, S, B) the container is expected in under the "
         "limit the daemon would set", labels=["container", "class"])
+    stalled = GaugeMetricFamily(
+        "dqoes_container_pressure_some_ratio",
+        "Share of the last decision window in which some task of the container stalled on "
+        "the resource (pressure stall information)", labels=["container", "resource"])
+    throttled_window = _per_container("throttled_window_ratio",
+                                      "Share of CFS periods throttled over the last window")
+    ipc = _per_container("instructions_per_cycle",
+                         "Instructions per cycle over the last window (hardware counters)")
+    llc = _per_container("llc_misses_per_second",
+                         "Last-level-cache misses per second over the last window")
     for c in status.containers:
         name = [_text(c.name)]
+        for resource, values in c.pressure.items():
+            if values.get("some_ratio") is not None:
+                stalled.add_metric([*name, resource], values["some_ratio"])
+        if c.throttled_window_ratio is not None:
+            throttled_window.add_metric(name, c.throttled_window_ratio)
+        if c.ipc is not None:
+            ipc.add_metric(name, c.ipc)
+        if c.llc_misses_per_s is not None:
+            llc.add_metric(name, c.llc_misses_per_s)
         if c.recommended_limit_cores is not None:
             would.add_metric(name, c.recommended_limit_cores)
         if c.expected_class is not None:
@@ -182,9 +204,27 @@ def families(status: Status) -> list[Metric]:
                                   labels=["result"])
     updates.add_metric(["sent"], h.systemd_sent)
     updates.add_metric(["failed"], h.systemd_failed)
+    node_stalled = GaugeMetricFamily(
+        "dqoes_node_pressure_some_ratio",
+        "Share of the last decision window in which some task of the node stalled on the "
+        "resource", labels=["resource"])
+    node_avg10 = GaugeMetricFamily(
+        "dqoes_node_pressure_some_avg10_percent",
+        "The kernel's 10 s average of the node's stalls on the resource, percent",
+        labels=["resource"])
+    for resource, values in h.pressure.items():
+        node_stalled.add_metric([resource], _number(values.get("some_ratio")))
+        node_avg10.add_metric([resource], _number(values.get("avg10_pct")))
+    node_counted = [] if h.ipc is None else [
+        GaugeMetricFamily("dqoes_node_instructions_per_cycle",
+                          "The node's instructions per cycle over the last window", h.ipc),
+        GaugeMetricFamily("dqoes_node_llc_misses_per_second",
+                          "The node's last-level-cache misses per second over the last window",
+                          _number(h.llc_misses_per_s))]
     return [
         target, measured, cls, limit, usage, throttled, samples, foreign, contested, evaluation,
-        growth, would, expected, containers,
+        growth, would, expected, stalled, throttled_window, ipc, llc, containers,
+        node_stalled, node_avg10, *node_counted,
         GaugeMetricFamily("dqoes_acting",
                           "1 while the daemon writes the limits it decides, 0 while it only "
                           "recommends them", int(h.acting)),

@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING
 from .membership.objective import TRAINING, Target
 from .policy import Cls
 from .ring import STATS
-from .status import CLASSES, ContainerStatus, HostStatus, Status
+from .status import CLASSES, ContainerStatus, HostStatus, Status, pressure_of
 
 MEAN, P95 = STATS.index("mean"), STATS.index("p95")  # rows of the rings' window stats
 
 if TYPE_CHECKING:
     from .actuator import Actuator
     from .fleet import Fleet
+    from .nodepressure import NodePressure
+    from .perfcounters import HardwareCounters
 
 
 @dataclass
@@ -36,10 +38,12 @@ class Counters:
 
 def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
           fleet: Fleet, actuator: Actuator, counters: Counters, policy: str, cpus: float,
-          systemd: tuple[int, int], alpha: float) -> Status:
+          systemd: tuple[int, int], alpha: float, node: NodePressure | None = None,
+          hardware: HardwareCounters | None = None, hardware_said: str | None = None) -> Status:
     """The status of `targets` (all, or the one asked for) from the loop's tables; when
     the actuator only recommends, with the limit it would set and the class expected under
-    it (`alpha`: the policy's tolerance band)."""
+    it (`alpha`: the policy's tolerance band). What slowed each container, and the node
+    (`node`, `hardware` and what was said of it at start), over the last window."""
     t = fleet.table
     foreign_writes, contested = actuator.foreign_writes, actuator.contested  # both files'
     containers = []
@@ -71,7 +75,12 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
             rate_hz=_finite(fleet.rate[i]),
             window_usage_cores=_finite(fleet.usage[i] * fleet.cpus),
             mean_s=None if training else _finite(fleet.rings.stats[MEAN, i]),
-            p95_s=None if training else _finite(fleet.rings.stats[P95, i])))
+            p95_s=None if training else _finite(fleet.rings.stats[P95, i]),
+            pressure=pressure_of([_finite(x) for x in fleet.stall_share[:, i]],
+                                 [_finite(x) for x in fleet.stall_avg10[:, i]]),
+            throttled_window_ratio=_finite(fleet.throttled_window[i]),
+            ipc=_counted(hardware and hardware.ipc, target.name),
+            llc_misses_per_s=_counted(hardware and hardware.llc_misses_per_s, target.name)))
     counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
     r = fleet.rings
     n = len(fleet)
@@ -87,8 +96,19 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
         totals=dict(counters.totals),
         foreign_writes=int(foreign_writes.sum()) if n else 0,
         contested=int(contested.sum()) if n else 0,
-        systemd_sent=systemd[0], systemd_failed=systemd[1], acting=actuator.acting)
+        systemd_sent=systemd[0], systemd_failed=systemd[1], acting=actuator.acting,
+        pressure={} if node is None else pressure_of([_finite(x) for x in node.share],
+                                                     [_finite(x) for x in node.avg10]),
+        hardware_counters=hardware_said,
+        ipc=_counted(hardware and hardware.ipc, hardware and hardware.NODE),
+        llc_misses_per_s=_counted(hardware and hardware.llc_misses_per_s,
+                                  hardware and hardware.NODE))
     return Status(host, containers)
+
+
+def _counted(rates: dict[str, float] | None, name: str | None) -> float | None:
+    """A counted rate by name, None where not counted (or unknown)."""
+    return None if not rates or name is None or name not in rates else _finite(rates[name])
 
 
 def expected_class(target_s: float | None, measured_s: float | None, usage: float,

@@ -16,6 +16,19 @@ CLASSES = ("G", "S", "B", "idle", "pending", "NL", "WL", "CL")
 the window), pending (no cgroup yet), and a training job's list (NL, WL, CL)."""
 
 
+PRESSURE_RESOURCES = ("cpu", "memory", "io")
+"""The pressure files, as in a `Pressure`: {resource: {"some_ratio": the share of the
+window in which some task stalled on it, "avg10_pct": the kernel's 10 s average, percent}},
+either None where unknown."""
+
+
+def pressure_of(some_ratio: list[float | None],
+                avg10_pct: list[float | None]) -> dict[str, dict[str, float | None]]:
+    """A `Pressure` from a value per PRESSURE_RESOURCES of each."""
+    return {r: {"some_ratio": s, "avg10_pct": a}
+            for r, s, a in zip(PRESSURE_RESOURCES, some_ratio, avg10_pct, strict=True)}
+
+
 @dataclass(frozen=True)
 class ContainerStatus:
     name: str
@@ -48,6 +61,13 @@ class ContainerStatus:
     window_usage_cores: float | None = None
     mean_s: float | None = None  # the window's mean latency and p95, whatever its metric
     p95_s: float | None = None
+    # What slowed it over the last decision window (see `Pressure`), the share of its CFS
+    # periods throttled over that window, and where the host has hardware counters its
+    # instructions per cycle and last-level-cache misses per second (None: unknown)
+    pressure: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    throttled_window_ratio: float | None = None
+    ipc: float | None = None
+    llc_misses_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,13 @@ class HostStatus:
     WL: int = 0
     CL: int = 0
     acting: bool = True  # False: recommend only, no limit is written
+    # The node's stalls over the last decision window (see `Pressure`); what dqoesd found of
+    # the hardware counters at start (its log line); the node's instructions per cycle and
+    # LLC misses per second where they are counted for the node alone
+    pressure: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    hardware_counters: str | None = None
+    ipc: float | None = None
+    llc_misses_per_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ CPU_MAX = "max 100000\n"
 CPU_WEIGHT = "100\n"
 CPU_PRESSURE = ("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
                 "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+MEMORY_PRESSURE = IO_PRESSURE = CPU_PRESSURE
 CONTROLLERS = "cpuset cpu io memory pids"
 
 MOUNTINFO_V2 = (
@@ -34,7 +35,9 @@ MOUNTINFO_V1 = (
 
 def make_cgroup(mount: Path, rel: str = "", *, cpu_stat: str | bytes = CPU_STAT,
                 cpu_max: str | bytes = CPU_MAX, cpu_pressure: str | bytes = CPU_PRESSURE,
-                cpu_weight: str | bytes = CPU_WEIGHT, subtree_control: str = "cpu") -> Path:
+                cpu_weight: str | bytes = CPU_WEIGHT, subtree_control: str = "cpu",
+                memory_pressure: str | bytes = MEMORY_PRESSURE,
+                io_pressure: str | bytes = IO_PRESSURE) -> Path:
     """Creates (or rewrites) the cgroup `rel` under `mount` with the usual files; its
     ancestors become cgroups too, with `subtree_control` enabled where they have none."""
     path = mount / rel
@@ -50,6 +53,8 @@ def make_cgroup(mount: Path, rel: str = "", *, cpu_stat: str | bytes = CPU_STAT,
     write(path / "cpu.max", cpu_max)
     write(path / "cpu.pressure", cpu_pressure)
     write(path / "cpu.weight", cpu_weight)
+    write(path / "memory.pressure", memory_pressure)
+    write(path / "io.pressure", io_pressure)
     return path
 
 

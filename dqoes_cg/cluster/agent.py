@@ -101,11 +101,13 @@ def build_report(seq: int, status: Status | None, tasks: Mapping[str, str] | Non
             containers.append(ContainerReport(
                 cid, c.cls, c.target_s, c.metric, c.measured_s, c.cpu_limit_cores,
                 c.cpu_usage_cores, c.samples, c.rate_hz, c.window_usage_cores, c.mean_s,
-                c.p95_s))
+                c.p95_s, c.pressure, c.throttled_window_ratio, c.ipc, c.llc_misses_per_s))
     return Report(
         seq, status.host.budget_cpus if status else None,
         sum(c.cpu_usage_cores for c in status.containers) if status else 0.0,
-        tasks is not None, status is not None, error, tuple(containers))
+        tasks is not None, status is not None, error, tuple(containers),
+        status.host.pressure if status else {}, status.host.ipc if status else None,
+        status.host.llc_misses_per_s if status else None)
 
 
 class ManagerLink:

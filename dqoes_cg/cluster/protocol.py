@@ -4,20 +4,25 @@ of the control socket too).
 
     agent -> manager   {"v": 1, "type": "report", "seq": N, "budget_cpus": 0.5,
                         "used_cpus": 0.31, "engine": true, "controller": true,
-                        "error": null, "containers": [ContainerReport, ...]}
+                        "error": null, "containers": [ContainerReport, ...],
+                        "pressure": Pressure, "ipc": null, "llc_misses_per_s": null}
     manager -> agent   {"v": 1, "type": "ack", "seq": N, "refused": [{"id", "reason"}]}
                        {"v": 1, "type": "services", "services": {SERVICE_ID: {labels}}}
 
 A report is what the node's dqoesd measures of the containers of Swarm tasks it runs, by
-container ID, every report interval (a container's `rate_hz`, `window_usage_cores`,
-`mean_s` and `p95_s`, over its last decision window, may be absent: an older agent's);
-`engine` and `controller` say whether its dockerd and its dqoesd answer (`error`: why not).
-The manager acknowledges each report, naming the containers it refused (see manager.py).
-`services` is the whole set of `dqoes.` service labels for the tasks Swarm gives that node (a
-pipeline stage's: its share of the pipeline's target), sent when it changes (and at the
-start): the agent gives them to its dqoesd (api.py, service-labels), which applies them to
-the tasks' containers. Both ends treat what they receive as hostile: anything malformed is
-a `ProtocolError` and ends the connection.
+container ID, every report interval; `engine` and `controller` say whether its dockerd and
+its dqoesd answer (`error`: why not). The manager acknowledges each report, naming the
+containers it refused (see manager.py). Fields that came later, each absent from an older
+agent's report (taken as unknown): a container's `rate_hz`, `window_usage_cores`, `mean_s`
+and `p95_s` over its last decision window, and what slows the node and each container (its
+`pressure`, {"cpu" | "memory" | "io": {"some_ratio": share of the last window stalled,
+"avg10_pct": percent}}, the container's `throttled_window_ratio`, and `ipc`,
+`llc_misses_per_s` where the node has hardware counters). `services` is the whole set of
+`dqoes.` service labels for the tasks Swarm gives that node (a pipeline stage's: its share
+of the pipeline's target), sent when it changes (and at the start): the agent gives them to
+its dqoesd (api.py, service-labels), which applies them to the tasks' containers. Both ends
+treat what they receive as hostile: anything malformed is a `ProtocolError` and ends the
+connection.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ import math
 import re
 import socket
 import ssl
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..jsonline import decode, encode, take_line
 from ..membership.labels import MAX_VALUE, PREFIX
 from ..membership.objective import METRICS
+from ..status import PRESSURE_RESOURCES
 
 VERSION = 1
 CLUSTER_PORT = 2378  # dqoes-manager's, on each Swarm manager (Swarm's own is 2377)
@@ -44,6 +50,9 @@ MAX_ERROR = 200
 MAX_SAMPLES = 1 << 40
 MAX_RATE_HZ = 1e7
 MAX_SECONDS = 1e6
+MAX_IPC = 64.0  # instructions per cycle: well above any core's width
+MAX_MISS_RATE = 1e12  # LLC misses per second
+PRESSURE_KEYS = ("some_ratio", "avg10_pct")
 REPORT_CLASSES = ("G", "S", "B", "idle", "pending")
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 SWARM_ID = re.compile(r"^[a-z0-9]{25}$")  # Swarm's object IDs (services, nodes, tasks)
@@ -70,6 +79,12 @@ class ContainerReport:
     window_usage_cores: float | None = None  # CPUs used
     mean_s: float | None = None  # latency, whatever the target's metric
     p95_s: float | None = None
+    # What slowed it over its node's last window (see the module's docstring; absent from
+    # an older agent's report: empty, None)
+    pressure: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    throttled_window_ratio: float | None = None
+    ipc: float | None = None
+    llc_misses_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,9 @@ class Report:
     controller: bool  # the node's dqoesd answers
     error: str | None  # why one of them does not
     containers: tuple[ContainerReport, ...]
+    pressure: dict[str, dict[str, float | None]] = field(default_factory=dict)  # the node's
+    ipc: float | None = None  # the node's, where counted for the node alone
+    llc_misses_per_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -139,7 +157,8 @@ def _report(doc: dict[str, Any]) -> Report:
                   None if budget is None else _cpus(budget, "budget_cpus", positive=True),
                   _cpus(doc["used_cpus"], "used_cpus"), _bool(doc["engine"], "engine"),
                   _bool(doc["controller"], "controller"), _error(doc.get("error")),
-                  tuple(_container(c) for c in containers))
+                  tuple(_container(c) for c in containers), _pressure(doc.get("pressure")),
+                  *_counters(doc))
 
 
 def _container(doc: Any) -> ContainerReport:
@@ -162,7 +181,37 @@ def _container(doc: Any) -> ContainerReport:
         _optional(doc.get("rate_hz"), "rate_hz", MAX_RATE_HZ),
         _optional(doc.get("window_usage_cores"), "window_usage_cores", MAX_CPUS),
         _optional(doc.get("mean_s"), "mean_s", MAX_SECONDS),
-        _optional(doc.get("p95_s"), "p95_s", MAX_SECONDS))
+        _optional(doc.get("p95_s"), "p95_s", MAX_SECONDS),
+        _pressure(doc.get("pressure")),
+        _optional(doc.get("throttled_window_ratio"), "throttled_window_ratio", 1.0),
+        *_counters(doc))
+
+
+def _optional(value: Any, what: str, high: float) -> float | None:
+    return None if value is None else _number(value, what, high, positive=False)
+
+
+def _counters(doc: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(ipc, llc_misses_per_s) of a report or a container (None: not counted)."""
+    return (_optional(doc.get("ipc"), "ipc", MAX_IPC),
+            _optional(doc.get("llc_misses_per_s"), "llc_misses_per_s", MAX_MISS_RATE))
+
+
+def _pressure(value: Any) -> dict[str, dict[str, float | None]]:
+    """A pressure object (None: absent, from an older agent)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not set(value) <= set(PRESSURE_RESOURCES):
+        raise ValueError(f"pressure must be an object of {', '.join(PRESSURE_RESOURCES)}")
+    checked = {}
+    for resource, stall in value.items():
+        if not isinstance(stall, dict) or set(stall) != set(PRESSURE_KEYS):
+            raise ValueError(f"the {resource} pressure must be an object of "
+                             f"{' and '.join(PRESSURE_KEYS)}")
+        checked[resource] = {
+            "some_ratio": _optional(stall["some_ratio"], f"{resource} some_ratio", 1.0),
+            "avg10_pct": _optional(stall["avg10_pct"], f"{resource} avg10_pct", 100.0)}
+    return checked
 
 
 def _ack(doc: dict[str, Any]) -> Ack:
@@ -215,10 +264,6 @@ def _number(value: Any, what: str, high: float, positive: bool) -> float:
             or value > high:
         raise ValueError(f"{what} must be a number from 0 to {high:g}")
     return float(value)
-
-
-def _optional(value: Any, what: str, high: float) -> float | None:
-    return None if value is None else _number(value, what, high, positive=False)
 
 
 def _seconds(value: Any, what: str) -> float:

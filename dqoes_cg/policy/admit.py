@@ -92,8 +92,10 @@ pressure tells a worker at its maximum from one that could run more but waited: 
 node the scheduler does not always place a task where the idle CPU is (a worker sharing a
 CPU with throttled neighbours), and CPU used outside the containers is not idle.
 
-Only that rule reads the pressure, so the loop measures it (a system call per container)
-only where the decision asks for it (Decision.pressure): the services that used less than
+Only that rule reads the pressure, so the loop gives it to the policy only where the
+decision asks for it (Decision.pressure; the loop reads every container's pressure files
+at each window's end anyway, for status, but a reading of the CPU's at the decision is
+taken only for these): the services that used less than
 (1 - SLACK/2) of the cap the round leaves them (T_R if none), those that may use less than
 (1 - SLACK) of it over the next window. A container at its cap that was not raised is not
 read; should its own load drop under the cap within that window, its pressure is unknown
