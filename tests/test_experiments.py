@@ -434,3 +434,29 @@ def test_the_policy_sees_each_containers_request_rate(monkeypatch: pytest.Monkey
     full_cpu_rate = 1.0 / SOLO  # a worker with a whole CPU completes 1 / solo a second
     assert worker.min() > 0 and worker.max() <= full_cpu_rate + 1e-9
     assert service.mean() == pytest.approx(2.0, rel=0.1)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_worker_whose_thread_gets_less_than_a_cpu_stays_a_worker(seed: int) -> None:
+    # A single-threaded worker beside two open-loop services on 2 CPUs, its thread given 0.85
+    # of a CPU (the guest's, under load). Its first window, unlimited, used 0.85 CPU with
+    # idle CPU around: admit took it for an open-loop service faster than its band and held
+    # it at 0.47 of its target under a cap of 1.14 CPU for the rest of the run. It is held
+    # in its band at its need, as with a whole CPU.
+    curves = {"tiny": Curve(0.080), "mini": Curve(0.170)}
+    work = {"tiny": 0.080, "mini": 0.170}
+
+    def node(thread_cpu: float) -> Node:
+        return Node(2.0, (
+            Container("w", "mini", float(curves["mini"].latency(0.4)), thread_cpu=thread_cpu),
+            Container("s1", "tiny", float(md1_latency(work["tiny"] / 0.4, 0.15 / 0.08)),
+                      rate=0.15 / 0.08),
+            Container("s2", "tiny", float(md1_latency(work["tiny"] / 0.5, 0.25 / 0.08)),
+                      rate=0.25 / 0.08)))
+
+    admit = replace(PAPER_PARAMS, policy="admit")
+    whole, slow = (simulate(node(c), curves, admit, 600.0, 10.0, seed=seed) for c in (1.0, 0.85))
+    late = whole.t >= 300.0
+    target = node(0.85).containers[0].target_s
+    assert np.abs(slow.latency_s[late, 0] / target - 1.0).max() <= 0.1
+    assert slow.limit_cores[late, 0] == pytest.approx(whole.limit_cores[late, 0], rel=0.05)

@@ -78,13 +78,15 @@ class Queues:
     container's cap, M/D/1: mean latency x (1 + rho / (2 (1 - rho))) with x = work / cap,
     rho = rate x) on 2 CPUs (a thread can use at most 0.5 of the budget), behind caps that
     add up to at most the budget. Unlimited services are served at an even share of what
-    the caps leave; unlimited workers use what the rest leave, as much as a thread can. A
-    service whose arrivals its cap cannot serve uses all of it, and its queue and latency
-    grow by the window's length."""
+    the caps leave; unlimited workers use what the rest leave, as much as a thread can: the
+    fraction `speed` of a CPU (1: a whole one; less on a loaded host or an emulated CPU,
+    whose time taken away no pressure shows). A service whose arrivals its cap cannot serve
+    uses all of it, and its queue and latency grow by the window's length."""
 
     CPUS = 2.0
 
-    def __init__(self, work, target, rate, window: float = 5.0) -> None:
+    def __init__(self, work, target, rate, window: float = 5.0, speed: float = 1.0) -> None:
+        self.speed = speed
         self.work = np.asarray(work, float)
         self.target = np.asarray(target, float)
         self.rate = np.array([NAN if r is None else r for r in rate], float)
@@ -104,7 +106,7 @@ class Queues:
         used = np.where(~capped & self.open, np.minimum(self.rate * work, even), 0.0).sum()
         workers = ~capped & ~self.open
         share[workers] = (free - used) / max(int(workers.sum()), 1)
-        return np.minimum(share, 1.0 / self.CPUS)
+        return np.minimum(share, self.speed / self.CPUS)
 
     def observe(self, factor: float | np.ndarray = 1.0) -> Observation:
         work = self.work * factor
@@ -529,6 +531,44 @@ def test_a_back_to_back_worker_is_never_taken_for_an_open_loop_service():
     assert not pol._mem.open.any()
 
 
+@pytest.mark.parametrize("speed", [1.0, 0.87, 0.72])
+def test_a_worker_whose_thread_gets_less_than_a_cpu_is_not_taken_for_an_open_loop_service(
+        speed: float):
+    # The reported failure: a single-threaded worker beside an open-loop service on a CPU
+    # that gave its thread 0.87 of itself (a loaded host, an emulated CPU: no pressure shows
+    # it). Unlimited, it used 0.87 CPU of the 2 and so was "under its cap" with idle CPU
+    # around, and not "at its threads' limit" (0.9 CPU or more): taken for an open-loop
+    # service faster than its target, it was held in S at 0.34 of its target under a cap
+    # of 1.17 CPU, which it can never be found at (a cap above its thread does not bind),
+    # so it never went back. One request in flight on that much of a CPU is a busy thread.
+    node = Queues([0.15, 0.004], [1.0, 0.012], [None, 20.0], speed=speed)
+    pol = policy(2)
+    node.rounds(pol, 5)
+    assert pol._mem.open.tolist() == [False, True]
+    assert node.limit[0] == pytest.approx(0.15 * COMFY, rel=0.02)  # its need, not 0.58
+    o = node.observe()
+    assert o.measured[0] / o.target[0] == pytest.approx(COMFY, rel=0.02)
+    d = pol.decide(o, node.now + node.window)
+    assert d is not None
+    assert d.classes.tolist() == [Cls.S, Cls.S]
+
+
+@pytest.mark.parametrize("speed", [1.0, 0.87])
+def test_an_open_loop_service_with_one_request_in_flight_is_one(speed: float):
+    # Busy 0.59 of its CPU, an M/D/1 service has one request in flight on average, as a
+    # worker has, and its cap of 1.2 CPU does not bind either: it is told by its CPU, under
+    # THREADS_SPEED of one per request.
+    work = 0.59 * 0.5 * speed / 30.0
+    node = Queues([work, 0.1], [md1_latency(work, 30.0, 0.5 * speed), 0.5], [30.0, None],
+                  speed=speed)
+    node.limit[:] = [0.6, 0.2]
+    o = node.observe()
+    assert o.rate[0] * o.measured[0] == pytest.approx(1.0, abs=0.02)
+    pol = policy(2)
+    pol.decide(o, 5.0)
+    assert pol._mem.open.tolist() == [True, False]
+
+
 def test_an_overloaded_open_loop_service_is_given_what_its_queue_shows_it_needs():
     # Capped under its arrivals (0.2 of the budget), its queue grows: it is raised at once,
     # then held at its need once its queue is gone.
@@ -567,6 +607,20 @@ def test_one_containers_change_of_load_is_not_the_nodes():
     node.rounds(pol, 3, factor=np.array([1.0, 1.0, 1.5, 1.0]))
     assert pol._node.log_speed == pytest.approx(0.0, abs=1e-9)
     assert node.rounds(pol, 2, factor=np.array([1.0, 1.0, 1.5, 1.0])) == [4, 4]
+
+
+def test_a_worker_taken_for_an_open_loop_service_under_a_cap_above_its_thread_is_one_again():
+    # As the old rule left it: taken for an open-loop service and capped at 1.4 CPU, on a CPU
+    # that gives its thread 0.87 of itself. Never at its cap, its thread busy: a worker
+    # again after CLOSED_WINDOWS windows, and held at its need.
+    node = Queues([0.15, 0.004], [1.0, 0.012], [None, 20.0], speed=0.87)
+    pol = policy(2)
+    node.rounds(pol, 3)
+    pol._mem.open[0] = True
+    node.limit[0] = 0.7
+    node.rounds(pol, 3)
+    assert pol._mem.open.tolist() == [False, True]
+    assert node.limit[0] == pytest.approx(0.15 * COMFY, rel=0.02)
 
 
 def test_a_worker_taken_for_an_open_loop_service_by_one_noisy_window_is_one_again():

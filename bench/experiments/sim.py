@@ -7,7 +7,9 @@ The model
   workers of lab.workload). A closed-loop worker (rate None) serves requests back to back;
   an open-loop service receives Poisson arrivals at `rate` per second (times its `rates`
   phases) and serves them first in, first out, one at a time, at the CPU it gets.
-- CPU: over each tick a container demands min(its cap, its threads) if it serves back to
+- CPU: over each tick a container demands min(its cap, its threads, each at most
+  `thread_cpu` of a CPU: less than a whole one on a loaded host or an emulated CPU) if it
+  serves back to
   back, and min(its cap, what its backlog and arrivals need) if open-loop. CFS shares the
   CPUs evenly among the demands up to a water level, what a capped or idle one leaves
   going to the others (work-conserving); a service serves at min(its cap, the level) while
@@ -36,7 +38,8 @@ is resized with the slots it keeps, hence reset and due at the next tick); a tar
 resets the policy; a decision window runs from one decision to the next; a container's
 first limit is the policy's. Limits become caps of L x cpus CPUs (cpu.max rounds them to
 1 us of a 100 ms period, which the model ignores). The Observation carries each container's
-requests completed per second over the window (`rate`), for both kinds.
+requests completed per second over the window (`rate`), for both kinds, and the node's
+CPUs (`cpus`), as dqoesd's does.
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ class Container:
     load: Phases = ()  # (start, end, work factor)
     rate: float | None = None  # open loop: mean Poisson arrivals per second; None: back to back
     rates: Phases = ()  # (start, end, arrival-rate factor): its steps and bursts
+    # Each of its threads gets at most this much of a CPU: less than 1 where a loaded host
+    # or an emulated CPU takes part of it, which no cpu.pressure shows (the guest: 0.85-0.9)
+    thread_cpu: float = 1.0
 
     @property
     def open_loop(self) -> bool:
@@ -379,8 +385,8 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
     rng = np.random.default_rng(seed)
     arrival = np.array([c.arrival_s for c in cs])
     departure = np.array([c.departure_s for c in cs])
-    threads = np.array([c.threads for c in cs])
-    single = threads <= 1.0
+    single = np.array([c.threads <= 1.0 for c in cs])
+    threads = np.array([c.threads * c.thread_cpu for c in cs])
     curve = [curves[c.model] for c in cs]
     retargets = sorted((when, i) for i, c in enumerate(cs) for when, _ in c.retargets)
     policy = make_policy(params.policy, params.policy_params()) if params else None
@@ -475,7 +481,8 @@ def simulate(node: Node, curves: dict[str, Curve], params: Params | None, durati
             usage = win_cpu[idx] / (span * node.cpus)
             decision = policy.decide(Observation(target[idx], measured, usage, limit[idx],
                                                  waited=win_wait[idx] / (span * node.cpus),
-                                                 rate=win_req[idx] / span), now)
+                                                 rate=win_req[idx] / span,
+                                                 cpus=node.cpus), now)
             assert decision is not None  # it was due
             limit[idx] = decision.limits
             win_start[idx], win_cpu[idx], win_req[idx], win_lat[idx] = now, 0.0, 0.0, 0.0
