@@ -20,7 +20,9 @@ number of changes since the last. A target removed (or
 a cgroup gone) is out of the tables at the next tick: nothing may be written to a cgroup
 given back. New targets join at the next tick too, unless rebuilding would then take more
 than REBUILD_SHARE of the loop's CPU time: a rebuild costs O(N), and paced so, adding a
-target costs the same at any N (new targets wait a few ticks instead). Likewise the look
+target costs the same at any N (new targets wait a few ticks instead); and a rebuild takes
+as many new targets as JOIN_SHARE of a tick holds at the last one's time per target (each
+opens its cgroup's files and its ring), so a burst joins over several. Likewise the look
 for pending containers, a walk of the whole cgroup tree off the loop, takes at most
 WALK_SHARE of a CPU, and a request never walks the tree for a pending name; and applying
 what the engine's containers did takes at most ENGINE_BUDGET_S of a tick (a burst of them
@@ -75,6 +77,15 @@ FD_RESERVE = 512
 the state log, inotify, D-Bus, the metrics server, the walk for pending containers."""
 REBUILD_SHARE = 0.2
 """At most this share of the loop's CPU time goes to rebuilds that only add targets."""
+JOIN_SHARE = 0.2
+"""A rebuild that adds targets takes about this share of a tick at most: as many new ones
+join as that holds at the last rebuild's time per target, the rest at the next ones (each
+opens its cgroup's files and its ring: 2,784 at once held a tick 0.5-3.3 s)."""
+JOIN_MIN = 100
+"""At least this many new targets join at each rebuild, whatever its cost."""
+WALL_PER_TARGET_S = 1e-3
+"""A rebuild's time per target until one of JOIN_MIN targets at least has measured it
+(about 0.1-1 ms on a 2-core host, idle to loaded; an emulated CPU's is more)."""
 WALK_SHARE = 0.1
 """At most this share of a CPU goes to looking for pending containers: each look is a walk
 of the whole cgroup tree (in the Binder's thread, but it holds the interpreter's lock)."""
@@ -115,6 +126,7 @@ class Controller:
         self.actuator: Actuator | None = None
         self._built = self._built_removed = -1
         self._rebuild_tick = 0  # the first tick at which new targets may join
+        self._wall_per_target = WALL_PER_TARGET_S  # the last rebuild's, a busy host's more
         self._rebuild(time.monotonic())
         log.info("re-adopted %d target(s), %d bound", len(self.targets), len(self.fleet))
 
@@ -166,8 +178,10 @@ class Controller:
         """New per-slot tables for the bound targets, taking over the open files and the
         per-container state of the old ones."""
         cpu = time.thread_time()  # not wall time: the same on a busy host
-        bound = self.targets.bound()
+        wall = time.monotonic()  # what the tick waits for, and requests with it
         old_fleet, old_actuator = self.fleet, self.actuator
+        every = self.targets.bound()
+        bound = every if old_fleet is None else self._joining_now(every, old_fleet.slot)
         table = CgroupTable([t.cgroup for t in bound],
                             adopt=old_fleet.table if old_fleet else None)
         rings = RingSet([self.rings.path(t.name) for t in bound], self.cfg.ring_capacity,
@@ -186,10 +200,25 @@ class Controller:
         if old_fleet is not None:
             old_fleet.table.close()  # what the new table did not take over
         self.policy.resize(len(self.fleet), self.fleet.carried)
-        self._built, self._built_removed = self.targets.version, self.targets.removed
+        self._built_removed = self.targets.removed
+        # at start, every re-adopted target at once; else those that wait, at the next one
+        self._built = self.targets.version if len(bound) == len(every) else -1
         cost = time.thread_time() - cpu
+        if len(bound) >= JOIN_MIN:  # below, the fixed part would swamp the cost per target
+            self._wall_per_target = (time.monotonic() - wall) / len(bound)
         self._rebuild_tick = self.counters.ticks + math.ceil(
             cost * (1 / REBUILD_SHARE - 1) / self.cfg.sample_interval)
+
+    def _joining_now(self, bound: list[Target], slot: dict[str, int]) -> list[Target]:
+        """The bound targets for this rebuild, in their order: those in the tables, and as
+        many new ones as JOIN_SHARE of a tick holds (JOIN_MIN at least)."""
+        joining = [t.name for t in bound if t.name not in slot]
+        fit = int(JOIN_SHARE * self.cfg.sample_interval / self._wall_per_target)
+        room = max(JOIN_MIN, fit - (len(bound) - len(joining)))
+        if len(joining) <= room:
+            return bound
+        waiting = set(joining[room:])
+        return [t for t in bound if t.name not in waiting]
 
     def _release_gone(self) -> None:
         gone = [self.fleet.names[i] for i in np.flatnonzero(self.fleet.gone)]

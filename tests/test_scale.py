@@ -26,12 +26,20 @@ from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import resolve_many
 from dqoes_cg.config import Config
 from dqoes_cg.control import ControlServer, Peer, request
-from dqoes_cg.controller import FD_RESERVE, FDS_PER_TARGET, REBUILD_SHARE, WALK_SHARE
+from dqoes_cg.controller import (
+    FD_RESERVE,
+    FDS_PER_TARGET,
+    JOIN_MIN,
+    REBUILD_SHARE,
+    WALK_SHARE,
+)
+from dqoes_cg.membership import engine_targets
 from dqoes_cg.membership.objective import Objective
 from dqoes_cg.membership.targets import ResolveMany, TargetError
 from dqoes_cg.policy import Decision, Observation
 from lab.fakecg import make_cgroup
 from tests.test_controller import FixedPolicy, Host
+from tests.test_engine_targets import StubWatcher, seen
 
 CONTAINER_ID = "ab" * 32
 
@@ -76,6 +84,56 @@ def test_new_targets_join_in_batches_when_a_rebuild_is_expensive(
     c.unset_target(a)
     c.tick(time.monotonic())
     assert c.fleet.names == [b]
+    c.shutdown()
+
+
+def test_a_burst_joins_a_bounded_number_at_each_rebuild_in_order(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new target opens its cgroup's files and its ring: a burst of them joins the
+    tables over several rebuilds, as many at each as a share of a tick holds (here none, so
+    JOIN_MIN), none lost, the joined ones in the order of the bound ones, and the others
+    shown meanwhile as pending."""
+    n = 1_000
+    monkeypatch.setattr(controller_module, "JOIN_SHARE", 0.0)
+    monkeypatch.setattr(engine_targets, "ENGINE_BUDGET_S", 1e9)  # every add in the first tick
+    watcher = StubWatcher()
+    c = host.controller()
+    c.engine_targets.watcher = watcher
+    if c.room() < n:
+        pytest.skip(f"the open-file limit holds {c.room()} targets, not {n}")
+    ids = [f"{k:064x}" for k in range(16, 16 + n)]
+    for cid in ids:
+        make_cgroup(host.mount, "docker/" + cid)
+    watcher.report(*(seen(host, cid, f"c{k}") for k, cid in enumerate(ids)), listed=True)
+    joined = [0]
+    for _ in range(10 * n // JOIN_MIN):  # a rebuild every tick or few (REBUILD_SHARE)
+        c.tick(time.monotonic())
+        order = [t.name for t in c.targets.bound()]
+        assert len(order) == n and c.fleet.names == order[:len(c.fleet)]
+        if len(c.fleet) > joined[-1]:
+            joined.append(len(c.fleet))
+        if len(joined) == 2:  # answered meanwhile
+            classes = [s.cls for s in c.status().containers]
+            assert len(classes) == n and classes.count("pending") == n - JOIN_MIN
+        if len(c.fleet) == n:
+            break
+    assert joined == list(range(0, n + 1, JOIN_MIN))
+    c.shutdown()
+
+
+def test_a_burst_that_fits_in_a_share_of_a_tick_joins_at_once(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "JOIN_SHARE", 1e9)
+    monkeypatch.setattr(engine_targets, "ENGINE_BUDGET_S", 1e9)
+    watcher = StubWatcher()
+    c = host.controller()
+    c.engine_targets.watcher = watcher
+    ids = [f"{k:064x}" for k in range(16, 16 + 3 * JOIN_MIN)]
+    for cid in ids:
+        make_cgroup(host.mount, "docker/" + cid)
+    watcher.report(*(seen(host, cid, f"c{k}") for k, cid in enumerate(ids)), listed=True)
+    c.tick(time.monotonic())
+    assert len(c.fleet) == len(ids)
     c.shutdown()
 
 
