@@ -13,6 +13,10 @@ longer satisfy it, with the service's own rolling update (start-first: the new t
 before the old one stops), so a move never leaves the service short of replicas and touches
 no other service; a node label in a constraint would be enforced by stopping every
 matching task on that node at once, of every service, and starting them again elsewhere.
+
+A service's replicas (`scale`, pipelines' stages: scaling.py) change in the same update as
+its constraints: Swarm starts the new tasks where the constraints allow, or stops tasks,
+and moves none.
 """
 
 from __future__ import annotations
@@ -33,17 +37,19 @@ QUIET_S = 60.0  # the same refusal is logged once a minute at most
 @dataclass(frozen=True)
 class Update:
     """One Swarm update a tick asks for: a node closed to new tasks or opened again
-    (`node_id`, `paused`), or the nodes a service is kept off (`service_id`, `avoid`)."""
+    (`node_id`, `paused`), or the nodes a service is kept off (`service_id`, `avoid`) and
+    perhaps its replicas (`replicas`; None: unchanged)."""
 
     what: str  # which, to what, and why: "service web: moving its tasks off node2 (...)"
     node_id: str | None = None
     paused: bool = False
     service_id: str | None = None
     avoid: frozenset[str] = frozenset()
+    replicas: int | None = None
 
     def apply(self, engine: Engine) -> None:
         if self.service_id is not None:
-            swarmapi.set_avoid(engine, self.service_id, self.avoid)
+            swarmapi.update_service(engine, self.service_id, self.avoid, self.replicas)
         elif self.node_id is not None:
             swarmapi.set_paused(engine, self.node_id, self.paused)
 
@@ -56,6 +62,7 @@ class SwarmActions:
         self.view = view
         self.wanted: dict[str, tuple[frozenset[str], str]] = {}  # service: (avoid, why)
         self.paused: dict[str, tuple[bool, str]] = {}  # node: (pause it, why)
+        self.scaled: dict[str, tuple[int, str]] = {}  # service: (replicas, why)
         self._now = now
         self._quiet = quiet
 
@@ -84,6 +91,19 @@ class SwarmActions:
                  if n.id not in node_ids and n.id not in running}
         self._want(service, (self._avoided(service) - set(node_ids)) | avoid,
                    "new tasks on " + ", ".join(sorted(self._names(node_ids))))
+
+    def scale(self, service_id: str, replicas: int, why: str = "") -> None:
+        service = self._service(service_id, "scale")
+        if service is None:
+            return
+        if service.mode != "replicated" or replicas < 1:
+            self._refuse(service, f"scale to {replicas}",
+                         "a global service runs on every node" if service.mode != "replicated"
+                         else "never below one replica")
+        elif service.updating:
+            self._refuse(service, f"scale to {replicas}", "Swarm is updating it")
+        else:
+            self.scaled[service_id] = (replicas, why or f"{replicas} replicas")
 
     def release(self, service_id: str) -> None:
         service = self._service(service_id, "release")
@@ -118,11 +138,20 @@ class SwarmActions:
             what = "closing to new tasks" if paused else "opening to new tasks again"
             updates.append(Update(f"node {node.name if node else nid}: {what}"
                                   + (f" ({why})" if why else ""), node_id=nid, paused=paused))
-        for sid, (avoid, why) in self.wanted.items():
+        for sid in {**self.wanted, **self.scaled}:
             service = self.view.service(sid)
-            if service is not None and avoid != frozenset(service.avoid):
+            if service is None:
+                continue
+            avoid, placed = self.wanted.get(sid, (frozenset(service.avoid), ""))
+            replicas, scaled = self.scaled.get(sid, (None, ""))
+            moves = avoid != frozenset(service.avoid)
+            if replicas == service.replicas:
+                replicas = None
+            if moves or replicas is not None:
+                why = "; ".join(w for w in (scaled if replicas is not None else "",
+                                            placed if moves else "") if w)
                 updates.append(Update(f"service {service.name}: {why}", service_id=sid,
-                                      avoid=avoid))
+                                      avoid=avoid, replicas=replicas))
         return updates
 
     def carry_out(self, engine: Engine) -> None:

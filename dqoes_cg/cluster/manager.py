@@ -8,7 +8,8 @@ Every tick it reads Swarm, works out which service labels each node must have (t
 when they change; a pipeline's stage gets its share of the pipeline's target instead:
 pipelines.py declares them, split.py splits the target from the stages' measurements),
 builds the cluster view (view.py) and gives it to the placement policy,
-if one is chosen, whose actions it then carries out (actions.py), or, recommending only
+if one is chosen, and to the pipelines' scaler (scaling.py), whose actions it then carries
+out (actions.py), or, recommending only
 (`--recommend`, switched with the `cluster-act` and `cluster-recommend` requests), keeps
 in the view as what it would do.
 
@@ -40,6 +41,7 @@ from .pipelines import Pipeline, Refused, declared
 from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
+from .scaling import ModelScaling
 from .split import Split, settle, split
 from .swarmapi import Snapshot
 from .view import (
@@ -104,12 +106,14 @@ class Manager:
     `disconnected` and `services_for` are called from the connections' threads."""
 
     def __init__(self, engine: Engine, node_id: str, node_timeout: float = NODE_TIMEOUT_S,
-                 placement: Placement | None = None, acting: bool = True) -> None:
+                 placement: Placement | None = None, acting: bool = True,
+                 scaling: ModelScaling | None = None) -> None:
         self.engine = engine
         self.node_id = node_id
         self.node_timeout = node_timeout
         self.placement = placement
-        self.acting = acting  # else placement's updates are recommended, not made
+        self.scaling = scaling  # of the pipelines' stages
+        self.acting = acting  # else placement's and scaling's updates are recommended
         # An update's effect (its Update with no text): when last asked and its latest text
         # (its why carries measured figures that move from tick to tick); oldest first.
         self._recommended: dict[Update, tuple[float, str]] = {}
@@ -129,7 +133,8 @@ class Manager:
     # --- the main loop -------------------------------------------------------------------
 
     def tick(self, now: float) -> ClusterView:
-        """Read Swarm, work out each node's labels, build the view, run placement."""
+        """Read Swarm, work out each node's labels, build the view, run placement and
+        the pipelines' scaler."""
         try:
             snapshot, error = swarmapi.read(self.engine), None
         except EngineError as e:
@@ -156,12 +161,14 @@ class Manager:
                 recommended=() if self.acting else self._recommendations(),
                 pipelines=self._pipeline_views(view.tasks, now))
             self._pushes = _pushes(self._snapshot, self._stage_labels())
-        if self.placement is not None and snapshot is not None:
+        if (self.placement is not None or self.scaling is not None) and snapshot is not None:
             actions = SwarmActions(view, now, self._quiet)
-            try:
-                self.placement.tick(view, now, actions)
-            except Exception:  # a placement's bug must not take the manager down
-                log.exception("placement failed")
+            for name, policy in (("placement", self.placement), ("scaling", self.scaling)):
+                try:
+                    if policy is not None:
+                        policy.tick(view, now, actions)
+                except Exception:  # a policy's bug must not take the manager down
+                    log.exception("%s failed", name)
             with self._lock:
                 acting = self.acting
                 if not acting and self._recommend(actions.updates()):
@@ -322,7 +329,9 @@ class Manager:
                 held.feasible, tuple(StageView(
                     st.service_id, st.name, tuple(p.stages[j].name for j in st.next), x, r,
                     tuple(sorted({t.node for t in ts if t.node})), tuple(t.cls for t in ts),
-                    m.measured_s, m.work_s, m.rate_hz)
+                    m.measured_s, m.work_s, m.rate_hz,
+                    self._snapshot.services[st.service_id].replicas
+                    if st.service_id in self._snapshot.services else None)
                     for st, x, r, ts, m in zip(p.stages, held.stage_s, replicas, of_stage,
                                                measures, strict=True))))
         views.extend(PipelineView(r.name, None, None, None, None, None, False, (), r.reason)

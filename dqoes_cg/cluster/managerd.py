@@ -3,9 +3,10 @@
 It follows Swarm through its node's engine (a manager's), serves the nodes' agents on the
 node's Swarm address (mutual TLS with the node's Swarm identity: identity.py, server.py),
 and every --tick builds the cluster view and gives it to the placement policy if one is
-chosen (manager.py). `dqoesctl cluster status` reads the view on the local control socket
-(--socket). Several managers may each run one: every agent reports to all of them, and
-each has the whole view. SIGTERM/SIGINT stop it; it keeps nothing on disk.
+chosen and to the pipelines' scaler (manager.py). `dqoesctl cluster status` reads the view
+on the local control socket (--socket). Several managers may each run one: every agent
+reports to all of them, and each has the whole view. SIGTERM/SIGINT stop it; it keeps
+nothing on disk.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from .identity import Credentials, IdentityError
 from .manager import NODE_TIMEOUT_S, PLACEMENTS, Manager
 from .placement import PlacementParams
 from .protocol import CLUSTER_PORT
+from .scaler import ScalerParams
+from .scaling import ModelScaling
 from .server import Server
 
 log = logging.getLogger("dqoes-manager")
@@ -129,8 +132,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="placement: seconds a moved service stays put (default %(default)s)")
     p.add_argument("--max-moves-per-minute", type=int, default=defaults.max_moves_per_minute,
                    metavar="N", help="placement: moves over the cluster (default %(default)s)")
+    scaler = ScalerParams()
+    p.add_argument("--scaler", choices=("model", "none"), default="model",
+                   help="how pipelines' stages are scaled out and in (default %(default)s: "
+                        "from the model of their work, rate and share; none: never)")
+    p.add_argument("--max-scales-per-minute", type=int, metavar="N",
+                   default=scaler.max_actions_per_minute,
+                   help="scaler: actions per pipeline (default %(default)s)")
     p.add_argument("--recommend", action="store_true",
-                   help="placement decides, but makes no update: dqoesctl cluster status "
+                   help="placement and scaler decide, but make no update: dqoesctl cluster "
+                        "status "
                         "shows what it would do (dqoesctl cluster act switches to acting, "
                         "dqoesctl cluster recommend back, without a restart)")
     return p
@@ -142,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = PlacementParams(settle_s=args.settle, hold_s=args.hold,
                                  max_moves_per_minute=args.max_moves_per_minute)
+        scaler = ScalerParams(max_actions_per_minute=args.max_scales_per_minute)
     except ValueError as e:
         parser.error(str(e))
     stopping = startup.start(args.verbose, log)
@@ -156,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             Credentials.of_data_root(data_root)
         manager = Manager(engine, node_id, args.node_timeout,
                           PLACEMENTS[args.placement](params) if args.placement else None,
-                          acting=not args.recommend)
+                          acting=not args.recommend,
+                          scaling=ModelScaling(scaler) if args.scaler == "model" else None)
         manager.tick(time.monotonic())
         server = Server(manager, credentials, swarm_id, listen)
     except (EngineError, ValueError, IdentityError, OSError) as e:

@@ -31,7 +31,8 @@ def format_pipelines(view: ClusterView) -> str:
                 f"{100 * st.target_s / p.target_s:.0f}%"
             stages.append((f"{p.name}/{st.name}", ",".join(st.next) or "-", share,
                            format_duration(st.target_s), format_duration(st.measured_s),
-                           str(st.replicas), ",".join(st.nodes) or "-",
+                           str(st.replicas) if st.asked in (None, st.replicas) else
+                           f"{st.replicas}/{st.asked}", ",".join(st.nodes) or "-",
                            ",".join(st.classes) or "-", format_duration(st.work_s),
                            "-" if st.rate_hz is None else f"{st.rate_hz:.2f}/s"))
     lines = [format_table(pipelines)]

@@ -1,6 +1,6 @@
 """Swarm as a manager's engine shows it: its nodes, its services and their tasks, read
-through the Engine API (engine.py) into small typed records, and the one write the cluster
-makes, a service's placement constraints.
+through the Engine API (engine.py) into small typed records, and the writes the cluster
+makes: a service's placement constraints and replicas, a node's availability.
 
 What Swarm answers was written by whoever created the services (names, labels): it is kept
 bounded and judged where it is used (membership/labels.py); an entry that is not what Swarm's API
@@ -150,12 +150,15 @@ def parse_task(doc: Any) -> SwarmTask | None:
         return None
 
 
-def set_avoid(engine: Engine, service_id: str, avoid: Collection[str]) -> None:
+def update_service(engine: Engine, service_id: str, avoid: Collection[str],
+                   replicas: int | None = None) -> None:
     """Keep the service off the nodes `avoid` (node IDs), and no others of the manager's:
     a `node.id!=ID` constraint each, the set recorded in the service's label AVOID_LABEL,
-    its other constraints and labels untouched. A constraint alone changed moves only the
-    tasks on nodes that no longer satisfy it (Swarm replaces them with the service's update
-    order). EngineError if Swarm refuses it."""
+    its other constraints and labels untouched; and, given `replicas`, ask Swarm for that
+    many tasks (a replicated service). A constraint alone changed moves only the tasks on
+    nodes that no longer satisfy it (Swarm replaces them with the service's update order);
+    a count alone changed starts or stops tasks, no other moves. One update for both.
+    EngineError if Swarm refuses it."""
     def change(spec: dict[str, Any]) -> None:
         labels = spec.setdefault("Labels", {}) or {}
         placement = spec.setdefault("TaskTemplate", {}).setdefault("Placement", {})
@@ -169,6 +172,8 @@ def set_avoid(engine: Engine, service_id: str, avoid: Collection[str]) -> None:
         else:
             labels.pop(AVOID_LABEL, None)
         spec["Labels"] = labels
+        if replicas is not None:
+            spec["Mode"]["Replicated"]["Replicas"] = replicas  # KeyError: not replicated
 
     _update(engine, "services", service_id, change)
 

@@ -47,12 +47,15 @@ Actions (what a placement may ask; each is a Swarm service or node update, see a
 - `prefer(service_id, node_ids)`: new tasks of the service (a scale-up, a replacement) land
   on these nodes; the tasks it runs elsewhere stay where they are.
 - `release(service_id)`: the service may go anywhere again; no task moves.
+- `scale(service_id, replicas)`: Swarm runs that many tasks of the service (new ones where
+  `prefer` steers them). Refused for a global service, below one, or while Swarm is
+  updating the service.
 - `close_node(node_id)`: Swarm schedules no new task on the node (availability pause,
   marked as the manager's); its tasks run on. Refused for a node that is not active, or
   when no other active ready node would be left.
 - `open_node(node_id)`: a node the manager paused is active again (a node an operator
   paused or drained is left alone).
-`move_away`, `close_node` and `open_node` take a `why` too, shown with the update.
+`move_away`, `scale`, `close_node` and `open_node` take a `why` too, shown with the update.
 
 A manager that only recommends (`dqoes-manager --recommend`, `dqoesctl cluster recommend`)
 makes none of these updates: the view says so (`acting` false) and lists the updates its
@@ -149,6 +152,7 @@ class StageView:
     measured_s: float | None  # the mean over its measured tasks, in the pipeline's metric
     work_s: float | None  # CPU-seconds per request (window usage / rate, over its tasks)
     rate_hz: float | None  # requests a second, over its tasks
+    asked: int | None = None  # the replicas its service asks for (None: global, or unknown)
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,8 @@ class Actions(Protocol):
     def prefer(self, service_id: str, node_ids: Collection[str]) -> None: ...
 
     def release(self, service_id: str) -> None: ...
+
+    def scale(self, service_id: str, replicas: int, why: str = "") -> None: ...
 
     def close_node(self, node_id: str, why: str = "full") -> None: ...
 
