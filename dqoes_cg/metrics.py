@@ -25,6 +25,7 @@ client may hold (see there).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import selectors
@@ -335,9 +336,15 @@ class MetricsServer:
         return len(self._clients)
 
     def close(self) -> None:
+        if self._closing:
+            return
         self._closing = True
-        self._waker.send(b"\0")
+        with contextlib.suppress(BrokenPipeError):  # the thread has ended (and said why)
+            self._waker.send(b"\0")
         self._thread.join()
+        # Closed here, not by the thread: woken by a client, it may see _closing and end
+        # before the send above.
+        self._waker.close()
 
     def _serve(self) -> None:
         try:
@@ -356,7 +363,7 @@ class MetricsServer:
             for c in list(self._clients.values()):
                 self._drop(c)
             self._selector.close()
-            for s in (self._listener, self._wake, self._waker):
+            for s in (self._listener, self._wake):
                 s.close()
 
     def _accept(self) -> None:

@@ -193,6 +193,17 @@ def test_server_answers_metrics_only_and_survives_a_failed_snapshot() -> None:
         server.close()
 
 
+def test_close_when_a_client_ended_the_thread_first(server: MetricsServer) -> None:
+    """The race of close(): a client wakes the thread between close() marking it closing and
+    waking it, and the thread ends first. close() still returns, and twice."""
+    server._closing = True
+    socket.create_connection(server.address, timeout=30).close()
+    server._thread.join(timeout=60)
+    assert not server._thread.is_alive()
+    server.close()
+    server.close()
+
+
 def test_scrapes_take_one_snapshot_a_second_at_most() -> None:
     """However many scrapes come, in whatever formats, the daemon's lock is taken for a
     snapshot once per SNAPSHOT_MAX_AGE_S."""
