@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,8 @@ SAMPLE_S = 0.5
 LOOSE = "dqoes.target=400ms"  # 8x a request: the daemon takes CPU away, so it is limited
 MEAN = "dqoes.metric=mean"
 VOLUMES = RUN_DIR / "volumes"
+PLUGIN = RUN_DIR / "plugin.sock"
+SLOW_CLIENTS = 200  # finding 6: with 200, no request was answered
 BIND_RUNS = 2
 bind_seconds: dict[str, list[float]] = {}
 
@@ -298,6 +303,54 @@ def test_a_restart_loop_and_a_burst_leak_nothing(service: Service, docker: Docke
     assert wait_for(lambda: daemon_fds(service) <= fds, 60, "the daemon's fds back"), fds
     assert sh(DOCKER, "volume", "ls", "-q", "--filter", "driver=dqoes").split() == []
     assert sorted(p.name for p in VOLUMES.iterdir()) == []
+
+
+def test_the_volume_driver_serves_docker_beside_slow_clients_and_across_a_restart(
+        service: Service, docker: Docker) -> None:
+    """Root's slow clients of the driver's socket cost only their own connections: Docker
+    still mounts a ring while 200 of them drip a byte a second (and come back when cut).
+    The volume stays its container's across a restart of the daemon: Docker restarts the
+    container through it, and no other container may mount it."""
+    stop = threading.Event()
+
+    def drip() -> None:
+        while not stop.is_set():
+            with socket.socket(socket.AF_UNIX) as client:
+                try:
+                    client.connect(str(PLUGIN))
+                    while not stop.wait(1.0):
+                        client.sendall(b"P")
+                except OSError:  # cut at its request's deadline, or refused: again
+                    pass
+
+    drippers = [threading.Thread(target=drip, daemon=True) for _ in range(SLOW_CLIENTS)]
+    for t in drippers:
+        t.start()
+    try:
+        started = time.monotonic()
+        docker.run_labelled("vol-a", None, LOOSE)
+        print(f"docker run beside {SLOW_CLIENTS} dripping clients: "
+              f"{time.monotonic() - started:.1f} s")
+        wait_for(lambda: listed().get("vol-a") and listed()["vol-a"].state == "bound", 240,
+                 "vol-a bound beside the dripping clients", lambda: explain(service))
+    finally:
+        stop.set()
+        for t in drippers:
+            t.join(timeout=60)
+    volume = docker.inspect("vol-a", "{{range .Mounts}}{{.Name}}{{end}}")
+    sh("systemctl", "restart", service.name, timeout=300)
+    wait_for(lambda: listed().get("vol-a") and listed()["vol-a"].state == "bound", 240,
+             "vol-a bound again after the daemon's restart", lambda: explain(service))
+    sh(DOCKER, "restart", "vol-a", timeout=300)
+    wait_for(lambda: docker.inspect("vol-a", "{{.State.Running}}") == "true", 120,
+             "vol-a running again through its volume")
+    intruder = docker_says("run", "-d", "--name", "vol-b", "--network", "none", "--mount",
+                           f"type=volume,src={volume},volume-driver=dqoes,dst=/run/dqoes",
+                           IMAGE, *IDLE)
+    assert "mounted by another" in intruder, intruder
+    docker.remove("vol-b", "vol-a")
+    wait_gone(service, "vol-a")
+    wait_for(lambda: mounted_volumes() == [], 120, "every volume unmounted")
 
 
 def test_the_systemd_driver(service: Service, docker: Docker, units: int) -> None:
