@@ -6,9 +6,9 @@ Many hosts do not (a VM without a virtual PMU, a TCG guest): `probe` finds that 
 start, `HardwareCounters.start` says so in one log line, and interference is then judged
 from pressure and throttling alone.
 
-The system call goes through ctypes, not the cffi extension: it is made only when a
-container joins (each reading is a plain read(2) of its group's descriptors), so it needs
-no C of its own, and a host without counters pays nothing but the probe.
+perf_event_open goes through ctypes: it is made only when a container joins. The readings
+at each window's end go through the extension, every group in one call, and a host without
+counters pays nothing but the probe.
 
 Per container, one event group per online CPU (perf counts a cgroup only per CPU,
 PERF_FLAG_PID_CGROUP on the cgroup directory's descriptor): cycles leading, instructions
@@ -22,6 +22,7 @@ import ctypes
 import errno
 import fcntl
 import logging
+import math
 import os
 import platform
 import struct
@@ -29,6 +30,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from ._native import ffi, lib
+from .logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,7 @@ DISABLED, EXCLUDE_HV = 1 << 0, 1 << 6
 PERF_FLAG_PID_CGROUP, PERF_FLAG_FD_CLOEXEC = 1 << 2, 1 << 3
 IOC_ENABLE, IOC_FLAG_GROUP = 0x2400, 1  # PERF_EVENT_IOC_ENABLE, PERF_IOC_FLAG_GROUP
 ATTR = struct.Struct("=IIQQQQQIIQ")  # perf_event_attr up to config1: PERF_ATTR_SIZE_VER0
-GROUP_BYTES = 8 * (3 + len(EVENTS))  # nr, time enabled, time running, a value per event
+GROUP_WORDS = 3 + len(EVENTS)  # a group reading: nr, time enabled, time running, a value per event
 NO_COUNTERS = "interference is judged from pressure and throttling alone"
 
 
@@ -82,29 +86,6 @@ def probe() -> str | None:
     return None
 
 
-def parse_group(data: bytes) -> np.ndarray:
-    """A group's reading (PERF_FORMAT_GROUP with both times) as counts per EVENTS, scaled
-    up by enabled / running where the counters were multiplexed (zeros if never run).
-    ValueError if it is not such a reading."""
-    if len(data) != GROUP_BYTES:
-        raise ValueError(f"a group reading of {len(data)} bytes, not {GROUP_BYTES}")
-    nr, enabled, running, *values = struct.unpack(f"={3 + len(EVENTS)}Q", data)
-    if nr != len(EVENTS):
-        raise ValueError(f"a group of {nr} counters, not {len(EVENTS)}")
-    counts = np.array(values, np.float64)
-    return counts * (enabled / running) if running else np.zeros(len(EVENTS))
-
-
-def window_rates(previous: np.ndarray, current: np.ndarray,
-                 seconds: float) -> tuple[float, float]:
-    """(instructions per cycle, LLC misses per second) between two readings of EVENTS
-    counts `seconds` apart; NaN where nothing ran (or a counter went back)."""
-    cycles, instructions, misses = np.asarray(current, float) - np.asarray(previous, float)
-    if cycles <= 0 or instructions < 0 or misses < 0 or seconds <= 0:
-        return float("nan"), float("nan")
-    return float(instructions / cycles), float(misses / seconds)
-
-
 class CounterGroups:
     """Counter groups, one per online CPU, of a cgroup (`cgroup` a path: PERF_FLAG_PID_CGROUP)
     or of the whole node (`cgroup` None)."""
@@ -132,13 +113,6 @@ class CounterGroups:
             if dirfd >= 0:
                 os.close(dirfd)
 
-    def read(self) -> np.ndarray:
-        """The counts per EVENTS, summed over the CPUs. OSError, ValueError."""
-        total = np.zeros(len(EVENTS))
-        for leader in self.leaders:
-            total += parse_group(os.read(leader, GROUP_BYTES))
-        return total
-
     def close(self) -> None:
         for fd in self._fds:
             os.close(fd)
@@ -148,17 +122,19 @@ class CounterGroups:
 class HardwareCounters:
     """Each managed container's instructions per cycle and LLC misses per second over the
     last window (`ipc`, `llc_misses_per_s`, by name), or the node's alone (under the name
-    NODE) where the kernel refuses to count a cgroup."""
+    NODE) where the kernel refuses to count a cgroup.
+
+    A window's end reads every group leader in one call (dq_perf_read) into arrays laid out
+    when the containers change (`follow`), and works the rates out over them as a whole."""
 
     NODE = ""
 
     def __init__(self, cpus: int) -> None:
         self.cpus = cpus
         self.per_node = False
-        self.ipc: dict[str, float] = {}
-        self.llc_misses_per_s: dict[str, float] = {}
         self._groups: dict[str, CounterGroups] = {}
-        self._last: dict[str, tuple[np.ndarray, float]] = {}
+        self._last_at = math.nan
+        self._lay_out({})
 
     @classmethod
     def start(cls) -> tuple[HardwareCounters | None, str]:
@@ -172,14 +148,22 @@ class HardwareCounters:
         log.info("%s", said)
         return cls(os.cpu_count() or 1), said
 
+    @property
+    def ipc(self) -> dict[str, float]:
+        return dict(zip(self._names, self._ipc.tolist(), strict=True))
+
+    @property
+    def llc_misses_per_s(self) -> dict[str, float]:
+        return dict(zip(self._names, self._misses.tolist(), strict=True))
+
     def follow(self, cgroups: dict[str, Path]) -> None:
         """Counts the containers of `cgroups` (name: cgroup directory) from now on, and no
         others; at the first refusal of a cgroup, the node instead."""
         if self.per_node:
             return
+        last = self._last_by_name()
         for name in set(self._groups) - set(cgroups):
             self._groups.pop(name).close()
-            self._last.pop(name, None)
         for name, cgroup in cgroups.items():
             if name in self._groups:
                 continue
@@ -191,38 +175,91 @@ class HardwareCounters:
                     continue
                 self._count_the_node(e)
                 return
+        self._lay_out(last)
 
     def _count_the_node(self, refusal: OSError) -> None:
         for group in self._groups.values():
             group.close()
-        self._groups, self._last, self.per_node = {}, {}, True
+        self._groups, self.per_node = {}, True
         try:
             self._groups[self.NODE] = CounterGroups(None, self.cpus)
         except OSError as e:
             log.warning("hardware counters: cgroups refused (%s), the node too (%s); %s",
                         refusal.strerror, e.strerror, NO_COUNTERS)
-            return
-        log.warning("hardware counters: cgroups refused (%s): the node's are counted",
-                    refusal.strerror)
+        else:
+            log.warning("hardware counters: cgroups refused (%s): the node's are counted",
+                        refusal.strerror)
+        self._lay_out({})
+
+    def _last_by_name(self) -> dict[str, np.ndarray]:
+        return {name: self._last[i] for i, name in enumerate(self._names)}
+
+    def _lay_out(self, last: dict[str, np.ndarray]) -> None:
+        """The arrays a sample reads into and computes over, for the groups followed now (a
+        group, a row; a CPU of it, a row of the readings); `last` keeps the counts of the
+        groups that stay, so that their window goes on."""
+        self._names = list(self._groups)
+        n, cpus = len(self._names), self.cpus
+        self._fds = np.array([fd for g in self._groups.values() for fd in g.leaders], np.int32)
+        self._raw = np.zeros((n, cpus, GROUP_WORDS), np.uint64)
+        self._fds_c = ffi.from_buffer("int32_t[]", self._fds)
+        self._raw_c = ffi.from_buffer("uint64_t[]", self._raw)
+        self._readings = np.zeros((n, cpus, GROUP_WORDS))
+        self._scale = np.zeros((n, cpus))
+        self._ran = np.zeros((n, cpus), bool)
+        self._bad = np.zeros((n, cpus), bool)
+        self._counts = np.zeros((n, len(EVENTS)))
+        self._last = np.full((n, len(EVENTS)), np.nan)  # NaN: no reading yet
+        for i, name in enumerate(self._names):
+            if name in last:
+                self._last[i] = last[name]
+        self._delta = np.zeros((n, len(EVENTS)))
+        self._valid = np.zeros(n, bool)
+        self._ok = np.zeros(n, bool)
+        self._ipc = np.full(n, np.nan)
+        self._misses = np.full(n, np.nan)
 
     def sample(self, now: float | None = None) -> None:
-        """Closes the window: the rates since the last sample of each group."""
+        """Closes the window: the rates since the last sample of each group (NaN where
+        either end was unreadable, nothing ran, or a counter went back)."""
         now = time.monotonic() if now is None else now
-        for name, group in self._groups.items():
-            try:
-                counts = group.read()
-            except (OSError, ValueError) as e:
-                log.warning("hardware counters of %s unreadable: %s", name or "the node", e)
-                continue
-            last = self._last.get(name)
-            self._last[name] = (counts, now)
-            ipc, misses = (float("nan"),) * 2 if last is None else \
-                window_rates(last[0], counts, now - last[1])
-            self.ipc[name], self.llc_misses_per_s[name] = ipc, misses
-        for gone in set(self.ipc) - set(self._groups):
-            del self.ipc[gone], self.llc_misses_per_s[gone]
+        if not self._names:
+            return
+        failed = lib.dq_perf_read(self._fds_c, len(self._fds), self._raw_c, GROUP_WORDS)
+        if failed:
+            _unreadable.log(logging.WARNING, "read", "hardware counters: %d of %d groups "
+                            "unreadable", failed, len(self._fds))
+        r = self._readings
+        np.copyto(r, self._raw, casting="unsafe")
+        # scaled up by enabled / running where multiplexed; zeros where never run
+        np.greater(r[..., 2], 0, out=self._ran)
+        self._scale.fill(0.0)
+        np.divide(r[..., 1], r[..., 2], out=self._scale, where=self._ran)
+        values = r[..., 3:]
+        np.multiply(values, self._scale[..., None], out=values)
+        np.not_equal(r[..., 0], len(EVENTS), out=self._bad)  # unreadable, or not our group
+        np.copyto(values, np.nan, where=self._bad[..., None])
+        np.sum(values, axis=1, out=self._counts)
+        d, valid = self._delta, self._valid
+        np.subtract(self._counts, self._last, out=d)
+        np.greater(d[:, 0], 0, out=valid)  # cycles ran (NaN compares false)
+        for counted in (d[:, 1], d[:, 2]):  # no counter went back
+            np.greater_equal(counted, 0, out=self._ok)
+            np.logical_and(valid, self._ok, out=valid)
+        self._ipc.fill(np.nan)
+        self._misses.fill(np.nan)
+        seconds = now - self._last_at
+        np.divide(d[:, 1], d[:, 0], out=self._ipc, where=valid)
+        if seconds > 0:
+            np.divide(d[:, 2], seconds, out=self._misses, where=valid)
+        np.copyto(self._last, self._counts)
+        self._last_at = now
 
     def close(self) -> None:
         for group in self._groups.values():
             group.close()
         self._groups = {}
+        self._lay_out({})
+
+
+_unreadable = RateLimitedLog(log)

@@ -10,6 +10,7 @@ import errno
 import json
 import logging
 import math
+import os
 import struct
 import time
 from pathlib import Path
@@ -28,13 +29,7 @@ from dqoes_cg.ctl import format_interference
 from dqoes_cg.membership.objective import Objective
 from dqoes_cg.metrics import render
 from dqoes_cg.nodepressure import NodePressure
-from dqoes_cg.perfcounters import (
-    EVENTS,
-    GROUP_BYTES,
-    HardwareCounters,
-    parse_group,
-    window_rates,
-)
+from dqoes_cg.perfcounters import EVENTS, GROUP_WORDS, HardwareCounters
 from dqoes_cg.status import Status as DaemonStatus
 from lab.fakecg import make_cgroup, write
 
@@ -211,29 +206,16 @@ def test_this_host_says_in_one_line_whether_it_has_hardware_counters(
         counters.close()
 
 
-def _group(enabled: int, running: int, cycles: int, instructions: int, misses: int) -> bytes:
-    return struct.pack("=6Q", len(EVENTS), enabled, running, cycles, instructions, misses)
-
-
-def test_a_group_reading_is_scaled_by_its_multiplexing_and_checked() -> None:
-    assert parse_group(_group(100, 100, 10, 20, 3)).tolist() == [10, 20, 3]
-    assert parse_group(_group(200, 50, 10, 20, 3)).tolist() == [40, 80, 12]  # ran 1/4
-    assert parse_group(_group(200, 0, 10, 20, 3)).tolist() == [0, 0, 0]  # never ran
-    for bad in (b"", _group(1, 1, 1, 1, 1)[:-8], struct.pack("=6Q", 2, 1, 1, 1, 1, 1)):
-        with pytest.raises(ValueError):
-            parse_group(bad)
-    assert len(_group(1, 1, 1, 1, 1)) == GROUP_BYTES
-
-
-def test_window_rates_are_ipc_and_misses_per_second() -> None:
-    ipc, misses = window_rates(np.array([1e9, 2e9, 1e6]), np.array([3e9, 5e9, 5e6]), 2.0)
-    assert (ipc, misses) == (pytest.approx(1.5), pytest.approx(2e6))
-    assert all(math.isnan(x) for x in window_rates(np.array([5, 5, 5]), np.array([5, 9, 9]),
-                                                   1.0))  # no cycle: nothing ran
+def _group(enabled: float, running: float, cycles: float, instructions: float,
+           misses: float, nr: int = len(EVENTS)) -> bytes:
+    return struct.pack(f"={GROUP_WORDS}Q", nr, *(int(x) for x in
+                                                  (enabled, running, cycles, instructions,
+                                                   misses)))
 
 
 class FakeGroups:
-    """CounterGroups with readings the test sets (counters faked present)."""
+    """CounterGroups whose leaders are pipes (counters faked present): each CPU's next
+    reading is what the test writes into its pipe, and a pipe left empty is unreadable."""
 
     opened: ClassVar[dict[str | None, FakeGroups]] = {}
     refuse: ClassVar[int | None] = None
@@ -241,14 +223,25 @@ class FakeGroups:
     def __init__(self, cgroup: Path | None, cpus: int) -> None:
         if cgroup is not None and FakeGroups.refuse is not None:
             raise OSError(FakeGroups.refuse, "refused")
-        self.counts = np.zeros(3)
+        pipes = [os.pipe() for _ in range(cpus)]
+        for r, _ in pipes:
+            os.set_blocking(r, False)
+        self.leaders = [r for r, _ in pipes]
+        self._writers = [w for _, w in pipes]
         self.closed = False
         FakeGroups.opened[None if cgroup is None else cgroup.name] = self
 
-    def read(self) -> np.ndarray:
-        return self.counts.copy()
+    def next_reading(self, *per_cpu: bytes) -> None:
+        for w, reading in zip(self._writers, per_cpu, strict=True):
+            os.write(w, reading)
+
+    def counts(self, cycles: float, instructions: float, misses: float) -> None:
+        """The same counts on every CPU, unmultiplexed."""
+        self.next_reading(*[_group(1, 1, cycles, instructions, misses)] * len(self.leaders))
 
     def close(self) -> None:
+        for fd in self.leaders + self._writers:
+            os.close(fd)
         self.closed = True
 
 
@@ -257,6 +250,7 @@ def fake_groups(monkeypatch: pytest.MonkeyPatch) -> type[FakeGroups]:
     FakeGroups.opened, FakeGroups.refuse = {}, None
     monkeypatch.setattr(perfcounters, "probe", lambda: None)
     monkeypatch.setattr(perfcounters, "CounterGroups", FakeGroups)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     return FakeGroups
 
 
@@ -264,16 +258,65 @@ def test_counters_per_container_over_the_window(fake_groups: type[FakeGroups]) -
     counters, said = HardwareCounters.start()
     assert counters is not None and said.startswith("hardware counters")
     counters.follow({"web": Path("/cg/web"), "db": Path("/cg/db")})
+    for g in fake_groups.opened.values():
+        g.counts(0, 0, 0)
     counters.sample(0.0)
     assert math.isnan(counters.ipc["web"])  # no window yet
-    fake_groups.opened["web"].counts[:] = [2e9, 3e9, 4e6]
-    fake_groups.opened["db"].counts[:] = [1e9, 0.5e9, 8e6]
+    fake_groups.opened["web"].counts(1e9, 1.5e9, 2e6)  # summed over its two CPUs
+    fake_groups.opened["db"].counts(0.5e9, 0.25e9, 4e6)
     counters.sample(2.0)
     assert counters.ipc == {"web": pytest.approx(1.5), "db": pytest.approx(0.5)}
     assert counters.llc_misses_per_s == {"web": pytest.approx(2e6), "db": pytest.approx(4e6)}
-    counters.follow({"db": Path("/cg/db")})  # web left: closed, no longer reported
+    counters.follow({"db": Path("/cg/db"), "api": Path("/cg/api")})  # web left, api came
+    fake_groups.opened["db"].counts(1.5e9, 0.75e9, 4e6)
+    fake_groups.opened["api"].counts(1e9, 1e9, 0)
     counters.sample(4.0)
-    assert fake_groups.opened["web"].closed and set(counters.ipc) == {"db"}
+    assert fake_groups.opened["web"].closed and set(counters.ipc) == {"db", "api"}
+    assert counters.ipc["db"] == pytest.approx(0.5)  # db's window went on across the change
+    assert math.isnan(counters.ipc["api"])  # api's first reading
+    counters.close()
+
+
+def test_a_reading_that_is_not_a_window_of_counts_gives_none(
+        fake_groups: type[FakeGroups], caplog: pytest.LogCaptureFixture) -> None:
+    counters, _ = HardwareCounters.start()
+    assert counters is not None
+    names = ("good", "wrong-group", "short", "went-back")
+    counters.follow({n: Path(f"/cg/{n}") for n in names})
+    for g in fake_groups.opened.values():
+        g.counts(1e9, 1e9, 1e6)
+    counters.sample(0.0)
+    g = fake_groups.opened
+    g["good"].counts(2e9, 2e9, 2e6)
+    g["wrong-group"].next_reading(*[_group(1, 1, 2e9, 2e9, 2e6, nr=2)] * 2)
+    g["short"].next_reading(_group(1, 1, 2e9, 2e9, 2e6), _group(1, 1, 2e9, 2e9, 2e6)[:8])
+    g["went-back"].counts(2e9, 0.5e9, 2e6)
+    with caplog.at_level(logging.WARNING):
+        counters.sample(1.0)
+        assert counters.ipc["good"] == pytest.approx(1.0)
+        assert all(math.isnan(counters.ipc[n]) for n in names[1:])
+        counters.sample(2.0)  # every pipe empty: all unreadable, the line held back
+    assert all(math.isnan(v) for v in counters.ipc.values())
+    assert len(caplog.records) == 1 and "groups unreadable" in caplog.text
+    counters.close()
+
+
+def test_a_window_with_a_multiplexed_cpu_counts_it_scaled(fake_groups: type[FakeGroups]
+                                                          ) -> None:
+    counters, _ = HardwareCounters.start()
+    assert counters is not None
+    counters.follow({"scaled": Path("/cg/scaled"), "never-ran": Path("/cg/never-ran")})
+    for g in fake_groups.opened.values():
+        g.counts(1e9, 1e9, 1e6)
+    counters.sample(0.0)
+    g = fake_groups.opened
+    g["scaled"].next_reading(_group(4, 1, 0.5e9, 0.25e9, 0.5e6), _group(1, 1, 1e9, 1e9, 1e6))
+    g["never-ran"].next_reading(*[_group(1, 0, 9e9, 9e9, 9e9)] * 2)
+    counters.sample(1.0)
+    # cycles 4 * 0.5e9 + 1e9 = 3e9 (from 2e9), instructions 1e9 + 1e9 = 2e9 (from 2e9)
+    assert counters.ipc["scaled"] == pytest.approx(0.0)
+    assert counters.llc_misses_per_s["scaled"] == pytest.approx(1e6)
+    assert math.isnan(counters.ipc["never-ran"])  # counted as zeros: its counters went back
     counters.close()
 
 
@@ -288,11 +331,13 @@ def test_a_refused_cgroup_mode_counts_the_node_instead(fake_groups: type[FakeGro
         counters.follow({"web": Path("/cg/web"), "db": Path("/cg/db")})  # stays per node
     assert counters.per_node and list(fake_groups.opened) == [None]
     assert len(caplog.records) == 1 and "the node's are counted" in caplog.text
+    fake_groups.opened[None].counts(0, 0, 0)
     counters.sample(1.0)
-    fake_groups.opened[None].counts[:] = [4e9, 2e9, 0]
+    fake_groups.opened[None].counts(2e9, 1e9, 0)
     counters.sample(2.0)
     assert counters.ipc == {HardwareCounters.NODE: 0.5}
     assert counters.llc_misses_per_s == {HardwareCounters.NODE: 0.0}
+    counters.close()
 
 
 # --- dqoesctl, the metrics, the agent's report ---------------------------------------------
