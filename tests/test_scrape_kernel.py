@@ -1,0 +1,108 @@
+"""dqoesd on a real cgroup v2 kernel, with a service it measures by the Prometheus histogram
+the service exports (scraped in the service's own network namespace) beside a worker that
+reports through its ring: both held in S.
+
+On 2 CPUs: an HTTP inference service (lab.http_service: prometheus_client's Histogram, its
+own requests arriving at random, in a cgroup and a network namespace of its own) and a
+back-to-back worker (lab.workload). Unlimited, the worker takes a CPU and the service what
+it needs: the service's target is twice its mean latency then, the worker's its latency at
+0.6 CPU; the daemon must take CPU from both, each down to what its target needs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dqoes_cg.ctl import format_status
+from dqoes_cg.histogram import MEAN, window
+from dqoes_cg.membership.objective import Scrape
+from dqoes_cg.scrape import Job, ScrapeError, scrape
+from lab import testbed
+from lab.http_service import LATENCY
+from lab.shell import wait_for
+
+pytestmark = pytest.mark.kernel
+
+PORT = 8000
+ENDPOINT = f":{PORT}/metrics"
+
+
+def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_s(
+        tmp_path: Path, record_property: pytest.RecordProperty) -> None:
+    cpus = os.cpu_count() or 1
+    if cpus != 2:
+        pytest.skip(f"the scenario is sized for 2 CPUs, this kernel has {cpus}")
+    rate = 0.15 / testbed.solo_latency("micro")  # requests per second
+    with testbed.Testbed(f"dqoes-test-{os.getpid()}", tmp_path) as bed:
+        bed.add_http_service("svc", "micro", rate, PORT)
+        bed.add_worker("w1", "tiny")
+        svc = Job(f"{bed.subtree}/svc", str(bed.root / "svc"), Scrape(ENDPOINT, LATENCY),
+                  "mean")
+
+        def reading() -> object:
+            try:
+                return scrape(svc, bed.mount, timeout=5.0)
+            except ScrapeError:
+                return None
+
+        # Unlimited: the service's mean latency from its own histogram (the scrape enters
+        # its network namespace, as the daemon's does), the worker's request cost.
+        first = wait_for(reading, 300, "the service's histogram, in its network namespace",
+                         every=1.0)
+        observer = bed.observer(["w1"])
+        try:
+            cpu = served = 0.0
+            started, last = False, observer.window().t
+            deadline = time.monotonic() + 300
+            while served < 30:  # from the windows after its first request (start-up left out)
+                assert time.monotonic() < deadline, f"w1 served {served} in 300 s"
+                time.sleep(1.0)
+                w = observer.window()
+                if started:
+                    cpu += float(w.usage_cores[0]) * (w.t - last)
+                    served += float(w.requests[0])
+                started, last = started or bool(w.requests[0] > 0), w.t
+        finally:
+            observer.close()
+        second = wait_for(reading, 60, "a second reading")
+        unlimited = window(first, second)
+        assert unlimited is not None and unlimited.count > 30, unlimited
+        latency = float(unlimited.stats[MEAN])
+        targets = {"svc": 2 * latency, "w1": cpu / served / 0.6}
+        bed.start_daemon("--sample-interval", "0.5", "--interval", "2", "--max-interval", "4")
+        bed.request("set-target", container=svc.name, target_s=targets["svc"], metric="mean",
+                    metrics=ENDPOINT, histogram=LATENCY)
+        bed.set_target(bed.workers["w1"].name, targets["w1"])
+
+        def explain() -> str:
+            return (f"--- arrivals {rate:.1f}/s, unlimited latency {1e3 * latency:.1f} ms "
+                    f"({unlimited.count} requests); targets {targets} ---\n"
+                    f"{format_status(bed.status())}\n--- dqoesd's log ---\n"
+                    f"{bed.daemon_log.read_text()[-6000:]}")
+
+        def classes() -> dict[str, str]:
+            return {c.name.rsplit("/", 1)[1]: c.cls for c in bed.status().containers}
+
+        wait_for(lambda: set(classes().values()) == {"S"}, 420, "both in S",
+                 explain=explain, every=0.5)
+        status = {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
+        assert status["svc"].metrics == ENDPOINT and status["svc"].histogram == LATENCY
+        assert status["w1"].metrics is None
+        # From then on, while the daemon goes on deciding every 2 to 4 s, each is in S most
+        # of the time (a window of a few dozen requests scatters on an emulated CPU).
+        samples = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            samples.append(classes())
+            time.sleep(0.5)
+        in_s = {n: float(np.mean([s[n] == "S" for s in samples])) for n in targets}
+        record_property("in_s", in_s)
+        record_property("targets_s", targets)
+        assert in_s["svc"] >= 0.5 and in_s["w1"] >= 0.5, f"in S: {in_s}\n{explain()}"
+        record_property("scrapes_failed", bed.daemon_log.read_text().count("scrape failed"))
+        assert bed.stop_daemon() == 0
