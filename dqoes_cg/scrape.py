@@ -111,10 +111,12 @@ def _socket_of(pid: int, cgroup: Path, mount: Path) -> socket.socket:
     /proc directory is held open, so that a pid reused meanwhile fails instead."""
     proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        if _cgroup_of(proc, mount) != cgroup:  # before touching its namespace at all
+            raise ValueError("not in its cgroup")
         netns = os.open("ns/net", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
         try:
-            # read after the namespace was opened: a process that has moved or ended since
-            # fails this check, and the namespace is of one that was in the cgroup
+            # again once the namespace is open: a process that moved or ended meanwhile
+            # fails it, so the namespace is of one that was in the cgroup
             if _cgroup_of(proc, mount) != cgroup:
                 raise ValueError("not in its cgroup")
             return _socket_in(netns)
