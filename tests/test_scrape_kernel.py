@@ -2,8 +2,9 @@
 the service exports (scraped in the service's own network namespace) beside a worker that
 reports through its ring: both held in S.
 
-On 2 CPUs: an HTTP inference service (lab.http_service: prometheus_client's Histogram, its
-own requests arriving at random, in a cgroup and a network namespace of its own) and a
+On 2 CPUs: an inference service (lab.metrics_service: prometheus_client's Histogram and
+HTTP server, its requests arriving at random, in a cgroup and a network namespace of its
+own) and a
 back-to-back worker (lab.workload). Unlimited, the worker takes a CPU and the service what
 it needs: the service's target is twice its mean latency then, the worker's its latency at
 0.6 CPU; the daemon must take CPU from both, each down to what its target needs.
@@ -23,7 +24,7 @@ from dqoes_cg.histogram import MEAN, window
 from dqoes_cg.membership.objective import Scrape
 from dqoes_cg.scrape import Job, ScrapeError, scrape
 from lab import testbed
-from lab.http_service import LATENCY
+from lab.metrics_service import LATENCY
 from lab.shell import wait_for
 
 pytestmark = pytest.mark.kernel
@@ -37,9 +38,9 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
     cpus = os.cpu_count() or 1
     if cpus != 2:
         pytest.skip(f"the scenario is sized for 2 CPUs, this kernel has {cpus}")
-    rate = 0.15 / testbed.solo_latency("micro")  # requests per second
+    rate = 0.15 / testbed.solo_latency("micro")  # requests per second: 0.15 CPU alone
     with testbed.Testbed(f"dqoes-test-{os.getpid()}", tmp_path) as bed:
-        bed.add_http_service("svc", "micro", rate, PORT)
+        bed.add_metrics_service("svc", "micro", rate, PORT)
         bed.add_worker("w1", "tiny")
         svc = Job(f"{bed.subtree}/svc", str(bed.root / "svc"), Scrape(ENDPOINT, LATENCY),
                   "mean")
