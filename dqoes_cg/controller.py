@@ -4,9 +4,9 @@ changes membership (dqoes_cg/membership/).
 One tick (every sample interval), for all bound containers at once:
 
     sense   one C call reads every cpu.stat, one C call drains every latency ring
-            (fleet.py); a cgroup found removed sends its target back to pending; a tick
-            before the window closes, the scraper is asked for the latencies of the
-            targets that export them as a histogram (scrape.py, off the loop)
+            (fleet.py); a cgroup found removed sends its target back to pending; a scrape's
+            timeout and a tick before the window closes, the scraper is asked for the
+            latencies of the targets that export a histogram (scrape.py, off the loop)
     act     on its schedule, the actuator reads every cpu.max back and rewrites what
             someone else changed (actuator.py)
     decide  when the policy is due: the window's latency statistic, CPU usage and limit in
@@ -147,8 +147,9 @@ class Controller:
             f = self.fleet
         if len(f):
             self.actuator.reconcile(now)
-            if len(self.scraper) and self.policy.due(now + self.cfg.sample_interval):
-                self.scraper.kick()  # the window closes at the next tick at the latest
+            if len(self.scraper) and self.policy.due(
+                    now + self.cfg.sample_interval + self.scraper.timeout):
+                self.scraper.kick()  # so that its readings are in before the window closes
             if self.policy.due(now):
                 self._decide(now)
         self._rebind(now)

@@ -1,9 +1,10 @@
 """Latencies from the Prometheus histograms that services export (sense), for the targets
 that name one (`Scrape`, membership/objective.py) instead of a ring.
 
-Once per decision window the loop asks (`Scraper.kick`, a tick before the window closes),
-and the scraper's thread fetches every such service's metrics, at most WORKERS at a time,
-off the loop: at 127.0.0.1:PORT inside the container's network namespace, entered by a
+Once per decision window the loop asks (`Scraper.kick`, a tick and TIMEOUT_S before the
+window closes, so that the readings are in when it closes: one still out then goes into
+the next window, with the readings after it), and the scraper's thread fetches every such
+service's metrics, at most WORKERS at a time, off the loop: at 127.0.0.1:PORT inside the container's network namespace, entered by a
 short-lived thread of its own (setns applies to the calling thread alone; the thread makes
 the socket there and ends, so no other thread ever changes namespace), through the
 /proc entry of a process that is checked to be in the container's cgroup. The answer is
