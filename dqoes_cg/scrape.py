@@ -4,10 +4,11 @@ that name one (`Scrape`, membership/objective.py) instead of a ring.
 Once per decision window the loop asks (`Scraper.kick`, a tick and TIMEOUT_S before the
 window closes, so that the readings are in when it closes: one still out then goes into
 the next window, with the readings after it), and the scraper's thread fetches every such
-service's metrics, at most WORKERS at a time, off the loop: at 127.0.0.1:PORT inside the container's network namespace, entered by a
-short-lived thread of its own (setns applies to the calling thread alone; the thread makes
-the socket there and ends, so no other thread ever changes namespace), through the
-/proc entry of a process that is checked to be in the container's cgroup. The answer is
+service's metrics, at most WORKERS at a time, off the loop: at 127.0.0.1:PORT inside the
+container's network namespace, entered by a short-lived thread of its own (setns applies
+to the calling thread alone; the thread makes the socket there and ends, so no other
+thread ever changes namespace), through the /proc entry of a process that is checked to
+be in the container's cgroup. The answer is
 hostile input: TIMEOUT_S for all of it (connect, request, answer), at most MAX_ANSWER
 bytes, plain HTTP (no chunks, no compression), parsed by prometheus_client's parser; a
 failure costs that container its reading of this window, with one line in the log (again
