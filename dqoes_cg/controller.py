@@ -66,7 +66,7 @@ from .nodepressure import NodePressure
 from .perfcounters import HardwareCounters
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet
-from .scrape import Job, Scraper
+from .scrape import Job, Scraper, timeout_for
 from .snapshot import Counters, build
 from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
@@ -125,7 +125,7 @@ class Controller:
             if t.ring is None:
                 self.rings.ensure(t.name)
         self.engine_targets = EngineTargets(watcher, self.targets, self.rings)
-        self.scraper = Scraper(self.mount)
+        self.scraper = Scraper(self.mount, timeout=timeout_for(cfg.params.iv_initial))
         self.fleet: Fleet | None = None
         self.actuator: Actuator | None = None
         self._built = self._built_removed = -1

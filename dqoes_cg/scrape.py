@@ -41,8 +41,12 @@ log = logging.getLogger(__name__)
 
 WORKERS = 4
 """Scrapes at a time."""
-TIMEOUT_S = 1.0
-"""For the whole of one scrape: connecting, sending the request, reading the answer."""
+TIMEOUT_S = 3.0
+"""For the whole of one scrape: connecting, sending the request, reading the answer (at
+most; the daemon's is also at most a third of its shortest window, `timeout_for`). A
+container throttled hard serves its own metrics slowly: at 1 s, one cut to 0.05-0.15 CPU
+beside a busy worker in the kernel test missed its scrapes, so it looked idle and stayed
+starved (Prometheus's own default is 10 s)."""
 MAX_ANSWER = 1 << 20
 """Bytes of an answer (headers and metrics) read at most."""
 MAX_SERIES = 1000
@@ -73,6 +77,13 @@ class Job:
 
 
 # --- one scrape --------------------------------------------------------------------------
+
+
+def timeout_for(window_s: float) -> float:
+    """A scrape's timeout for windows of at least `window_s`: a third of it, at most
+    TIMEOUT_S, so that a scrape kicked that long and a tick before the window closes has
+    ended when it does, with room for a window shortened by the loop's ticks."""
+    return min(TIMEOUT_S, window_s / 3.0)
 
 
 def scrape(job: Job, mount: Path | None, timeout: float = TIMEOUT_S,
@@ -166,10 +177,12 @@ def http_get(sock: socket.socket, port: int, path: str, deadline: float,
              limit: int = MAX_ANSWER) -> str:
     """The body of a plain HTTP/1.0 GET of http://127.0.0.1:port/path on `sock`, all of
     it before `deadline` (monotonic) and within `limit` bytes."""
+    allowed = deadline - time.monotonic()
+
     def remaining() -> float:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise ScrapeError(f"no whole answer within {TIMEOUT_S:g} s")
+            raise ScrapeError(f"no whole answer within {allowed:.1f} s")
         return left
 
     try:
@@ -189,7 +202,7 @@ def http_get(sock: socket.socket, port: int, path: str, deadline: float,
                 raise ScrapeError(f"answer larger than {limit:,} bytes")
             chunks.append(chunk)
     except TimeoutError:
-        raise ScrapeError(f"no whole answer within {TIMEOUT_S:g} s") from None
+        raise ScrapeError(f"no whole answer within {allowed:.1f} s") from None
     except OSError as e:
         raise ScrapeError(f"127.0.0.1:{port}: {e.strerror or e}") from None
     head, sep, body = b"".join(chunks).partition(b"\r\n\r\n")

@@ -417,6 +417,20 @@ def test_idle_slots_are_left_alone_and_hold_their_limit():
     assert d.limits[1] == pytest.approx(0.25 * COMFY)  # fits in 1 - 0.5 - 0.2
 
 
+def test_an_idle_slot_held_under_the_floor_gets_it_back():
+    # c0 was in S at a cap under the floor (1/6 here); a window with no reading at that cap
+    # (its requests outlast the window, or it was too throttled to answer its scrape) must
+    # not leave it there for good. The unlimited idle slot stays unlimited.
+    pol = policy(3)
+    d = pol.decide(obs([1.0, 1.0, 1.0], [NAN, 0.25 / 0.3, NAN], [0.05, 0.3, 0.1],
+                       [0.05, NAN, NAN]), 0.0)
+    assert d is not None
+    assert d.classes[0] == Cls.IDLE
+    assert d.limits[0] == pytest.approx(1 / 6)
+    assert math.isnan(d.limits[2])
+    assert d.limits[0] + d.limits[1] + max(0.1, 1 / 6) <= 1.0 + 1e-12  # its hold was counted
+
+
 def test_memory_follows_each_container_across_a_membership_change():
     fluid = Fluid(work=[0.6, 0.18, 0.18], target=[1.0] * 3, usable=[0.5, 1.0, 1.0])
     pol = policy(3)

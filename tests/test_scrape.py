@@ -25,6 +25,7 @@ from dqoes_cg.scrape import (
     parse,
     scrape,
     socket_in_netns,
+    timeout_for,
 )
 from lab.shell import wait_for
 
@@ -192,6 +193,12 @@ def endless(conn: socket.socket) -> None:
 
 def silent(conn: socket.socket) -> None:
     time.sleep(10)
+
+
+def test_a_scrape_has_a_third_of_the_shortest_window_at_most_3_s() -> None:
+    assert timeout_for(4.0) == pytest.approx(4.0 / 3)
+    assert timeout_for(10.0) == 3.0  # the daemon's default window
+    assert timeout_for(2.0) + 1.0 < 2.0  # kicked that and a tick before: ends within it
 
 
 @pytest.mark.parametrize(("answer", "reason"), [

@@ -41,7 +41,7 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
     # A few requests a second (0.06 CPU of the model's work alone; beside a busy worker and
     # woken by each arrival a request costs the emulated CPU 3 to 5 times that: at 0.15,
     # 8 a second, the service needed 0.8 CPU, and its queue grew whenever a limit came near
-    # that), over windows of 4 to 8 s, so that each has a few dozen.
+    # that), over windows of 6 to 12 s, so that each has a few dozen.
     rate = 0.06 / testbed.solo_latency("micro")
     with testbed.Testbed(f"dqoes-test-{os.getpid()}", tmp_path) as bed:
         bed.add_metrics_service("svc", "micro", rate, PORT)
@@ -86,7 +86,7 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
         # latency at 0.6 CPU and the service's at twice its own, they were in S 23% and 48%
         # of the time)
         targets = {"svc": 3 * latency, "w1": cpu / served / 0.5}
-        bed.start_daemon("--sample-interval", "0.5", "--interval", "4", "--max-interval", "8")
+        bed.start_daemon("--sample-interval", "0.5", "--interval", "6", "--max-interval", "12")
         bed.request("set-target", container=svc.name, target_s=targets["svc"], metric="mean",
                     metrics=ENDPOINT, histogram=LATENCY)
         bed.set_target(bed.workers["w1"].name, targets["w1"])
@@ -105,7 +105,7 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
         status = {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
         assert status["svc"].metrics == ENDPOINT and status["svc"].histogram == LATENCY
         assert status["w1"].metrics is None
-        # From then on, while the daemon goes on deciding every 4 to 8 s, each is in S most
+        # From then on, while the daemon goes on deciding every 6 to 12 s, each is in S most
         # of the time (a window of a few dozen requests scatters on an emulated CPU).
         samples = []
         deadline = time.monotonic() + 90

@@ -130,7 +130,7 @@ Allocation: caps are guarantees
     i known, not A:  L_i = b_i + min(h_i, lambda)       h_i = min(max(comfy_i, b_i),
                                                                   m_i (1 + PROBE), T_R) - b_i
                      lambda: Σ min(h_i, lambda) = what A left of R (max h_i if all fits)
-    idle:            L_i unchanged
+    idle:            L_i unchanged, raised to f if under it
 
 R = E - Σ_A c_i is what the admitted leave. It first moves them from their lean share towards
 the middle of the band (robustness), then goes to the containers that cannot be satisfied,
@@ -152,6 +152,10 @@ Readings and choices
 - A valid window (DQoES's: finite target, latency and usage) with a positive target,
   latency and usage updates lw_i. A slot with no valid window or no estimate yet is idle:
   limit untouched, and it holds its limit (its usage if unlimited), at least f, out of E.
+  One held under f (in S, at a need under the floor) is given f: it holds that much of E
+  anyway, and a window without a reading may be one in which its cap starved it (a worker
+  whose requests outlast the window, a service too throttled to answer its scrape), which
+  an unchanged limit would go on doing for good.
 - There is no special first limit: the first window (CFS's even share, or whatever a
   newcomer got) gives w_i, and the first round puts every container where it belongs.
 - A container's memory (lw_i, v_i, k_i, m_i, admitted) follows it across a membership
@@ -869,6 +873,9 @@ class Admit:
         left = admit_into(budget, mem, s)
         np.copyto(d.limits, obs.limit)
         allocate_into(d.limits, left, s)
+        # An idle slot under the floor gets it (held out of E already); NaN (unlimited) stays.
+        np.logical_not(s.known, out=s.mask)
+        np.maximum(d.limits, floor, out=d.limits, where=s.mask)
         np.copyto(mem.admitted, s.admitted)
         # An open-loop service faster than its band is satisfied: its users wait no longer
         # than its target allows (README, "What satisfied means").
