@@ -23,6 +23,7 @@ from dqoes_cg.ctl import format_status
 from dqoes_cg.histogram import MEAN, Reading, Window, window
 from dqoes_cg.membership.objective import Scrape
 from dqoes_cg.scrape import Job, ScrapeError, scrape
+from dqoes_cg.status import ContainerStatus
 from lab import testbed
 from lab.metrics_service import LATENCY
 from lab.shell import wait_for
@@ -97,24 +98,37 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
                     f"{format_status(bed.status())}\n--- dqoesd's log ---\n"
                     f"{bed.daemon_log.read_text()[-6000:]}")
 
-        def classes() -> dict[str, str]:
-            return {c.name.rsplit("/", 1)[1]: c.cls for c in bed.status().containers}
+        def containers() -> dict[str, ContainerStatus]:
+            return {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
 
-        wait_for(lambda: set(classes().values()) == {"S"}, 420, "both in S",
-                 explain=explain, every=0.5)
-        status = {c.name.rsplit("/", 1)[1]: c for c in bed.status().containers}
+        # In S under the daemon's limits: unlimited, at its start, either may be in its band
+        # by chance (a target calibrated on an emulated CPU whose speed has moved since).
+        wait_for(lambda: all(c.cls == "S" and c.cpu_limit_cores is not None
+                             for c in containers().values()), 420,
+                 "both in S under the daemon's limits", explain=explain, every=0.5)
+        status = containers()
         assert status["svc"].metrics == ENDPOINT and status["svc"].histogram == LATENCY
         assert status["w1"].metrics is None
-        # From then on, while the daemon goes on deciding every 6 to 12 s, each is in S most
-        # of the time (a window of a few dozen requests scatters on an emulated CPU).
-        samples = []
+        # Then each decision over 90 s (every 6 to 12 s): each is in S in half of them at
+        # least. (How often a worker can be depends on the emulated CPU: at a fixed cap its
+        # request's CPU went 0.091 to 0.124 s from window to window on a quiet host, sd 0.11
+        # in logs against the band's +-0.10, and 0.65 to 1.8 times its target with the host
+        # at a load of 6 to 10; the windows are recorded with the test's properties.)
+        decisions, rows = bed.status().host.decisions, []
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            samples.append(classes())
+            now = bed.status()
+            if now.host.decisions != decisions:
+                decisions = now.host.decisions
+                rows.append({c.name.rsplit("/", 1)[1]: c for c in now.containers})
             time.sleep(0.5)
-        in_s = {n: float(np.mean([s[n] == "S" for s in samples])) for n in targets}
+        in_s = {n: float(np.mean([r[n].cls == "S" for r in rows])) for n in targets}
         record_property("in_s", in_s)
         record_property("targets_s", targets)
-        assert in_s["svc"] >= 0.5 and in_s["w1"] >= 0.5, f"in S: {in_s}\n{explain()}"
+        record_property("windows", [{n: (c.cls, round(c.measured_s / targets[n], 2)
+                                         if c.measured_s is not None else None,
+                                         c.cpu_limit_cores) for n, c in r.items()}
+                                    for r in rows])
         record_property("scrapes_failed", bed.daemon_log.read_text().count("scrape failed"))
+        assert in_s["svc"] >= 0.5 and in_s["w1"] >= 0.5, f"in S: {in_s}\n{explain()}"
         assert bed.stop_daemon() == 0
