@@ -31,6 +31,8 @@ from lab.shell import wait_for
 pytestmark = pytest.mark.kernel
 
 PORT = 8000
+PERIOD = 100_000
+HALF_CPU = PERIOD // 2
 ENDPOINT = f":{PORT}/metrics"
 
 
@@ -56,24 +58,29 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
             except ScrapeError:
                 return None
 
-        # Unlimited: the service's mean latency from its own histogram (the scrape enters
-        # its network namespace, as the daemon's does), the worker's request cost.
+        # The service's mean latency from its own histogram (the scrape enters its network
+        # namespace, as the daemon's does), unlimited; the worker's latency at half a CPU,
+        # measured under a cap of half a CPU (on the emulated CPU a request costs more under a
+        # cap than unlimited: 61 ms of CPU unlimited, 119 ms at a cap of 0.82, where the
+        # target derived from the first was out of reach).
         wait_for(reading, 300, "the service's histogram, in its network namespace", every=1.0)
+        (bed.root / "w1" / "cpu.max").write_text(f"{HALF_CPU} {PERIOD}")
         observer = bed.observer(["w1"])
         try:
-            cpu = served = 0.0
-            started, last = False, observer.window().t
+            waited = served = 0.0
+            started = False
             deadline = time.monotonic() + 300
             while served < 30:  # from the windows after its first request (start-up left out)
                 assert time.monotonic() < deadline, f"w1 served {served} in 300 s"
                 time.sleep(1.0)
                 w = observer.window()
                 if started:
-                    cpu += float(w.usage_cores[0]) * (w.t - last)
+                    waited += float(np.nan_to_num(w.latency_s[0])) * float(w.requests[0])
                     served += float(w.requests[0])
-                started, last = started or bool(w.requests[0] > 0), w.t
+                started = started or bool(w.requests[0] > 0)
         finally:
             observer.close()
+            (bed.root / "w1" / "cpu.max").write_text(f"max {PERIOD}")
         # ... over 40 requests of its steady state (its start-up left out)
         first = wait_for(reading, 60, "a reading")
 
@@ -86,7 +93,7 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
         # (on a loaded host the emulated CPU's speed drifts: with the worker's target at its
         # latency at 0.6 CPU and the service's at twice its own, they were in S 23% and 48%
         # of the time)
-        targets = {"svc": 3 * latency, "w1": cpu / served / 0.5}
+        targets = {"svc": 3 * latency, "w1": waited / served}
         bed.start_daemon("--sample-interval", "0.5", "--interval", "6", "--max-interval", "12")
         bed.request("set-target", container=svc.name, target_s=targets["svc"], metric="mean",
                     metrics=ENDPOINT, histogram=LATENCY)
@@ -127,8 +134,8 @@ def test_a_service_measured_by_its_own_histogram_beside_a_ring_one_both_held_in_
         record_property("targets_s", targets)
         record_property("windows", [{n: (c.cls, round(c.measured_s / targets[n], 2)
                                          if c.measured_s is not None else None,
-                                         c.cpu_limit_cores) for n, c in r.items()}
-                                    for r in rows])
+                                         c.cpu_limit_cores, c.window_usage_cores)
+                                     for n, c in r.items()} for r in rows])
         record_property("scrapes_failed", bed.daemon_log.read_text().count("scrape failed"))
         assert in_s["svc"] >= 0.5 and in_s["w1"] >= 0.5, f"in S: {in_s}\n{explain()}"
         assert bed.stop_daemon() == 0
