@@ -15,7 +15,8 @@ setup(
     packages=find_packages(include=["dqoes_cg", "dqoes_cg.*"]),
     python_requires=">=3.11",
     setup_requires=["cffi>=1.15"],
-    # prometheus_client: the metrics' exposition (its escaping rules, OpenMetrics)
+    # prometheus_client: the metrics' exposition (its escaping rules, OpenMetrics), and the
+    # parser of the histograms services export (scrape.py)
     install_requires=["cffi>=1.15", "numpy>=1.24", "jeepney>=0.8", "prometheus_client>=0.17"],
     extras_require={
         # wheel: the end-to-end tests run `make install` offline (no build isolation);

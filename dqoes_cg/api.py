@@ -3,7 +3,8 @@ which need write permission. Domain errors become one-line protocol errors here.
 
     set-target    container, target_s, metric (default p95), pending (default false);
                   training (default false): a training job, with neither target_s nor
-                  metric
+                  metric; metrics (":PORT/PATH") and histogram: its latencies from that
+                  Prometheus histogram instead of its ring
     unset-target  container
     list
     status        container (optional)
@@ -23,7 +24,7 @@ from typing import Any
 
 from .control import Peer, RequestError
 from .controller import Controller
-from .membership.objective import DEFAULT_METRIC, TRAINING_JOB, Objective
+from .membership.objective import DEFAULT_METRIC, TRAINING_JOB, Objective, scrape_from
 from .membership.targets import TargetError
 from .state import StateError
 
@@ -45,12 +46,17 @@ def _set_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
         raise RequestError("pending must be true or false")
     if not isinstance(training, bool):
         raise RequestError("training must be true or false")
+    try:
+        scrape = scrape_from(req.get("metrics"), req.get("histogram"))
+    except ValueError as e:
+        raise RequestError(str(e)) from None
     if training:
         objective = TRAINING_JOB
-        if req.get("target_s") is not None or req.get("metric") is not None:
-            raise RequestError("a training job has no target_s or metric")
+        if req.get("target_s") is not None or req.get("metric") is not None or scrape:
+            raise RequestError("a training job has no target_s, metric or histogram")
     else:
-        objective = Objective(req.get("target_s"), req.get("metric", DEFAULT_METRIC))
+        objective = Objective(req.get("target_s"), req.get("metric", DEFAULT_METRIC),
+                              scrape=scrape)
     listed = c.set_target(name, objective, pending)
     log.info("%s: %s, set by uid %d", name, objective, peer.uid)
     return listed.to_json()

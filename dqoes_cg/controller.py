@@ -4,7 +4,9 @@ changes membership (dqoes_cg/membership/).
 One tick (every sample interval), for all bound containers at once:
 
     sense   one C call reads every cpu.stat, one C call drains every latency ring
-            (fleet.py); a cgroup found removed sends its target back to pending
+            (fleet.py); a cgroup found removed sends its target back to pending; a scrape's
+            timeout and a tick before the window closes, the scraper is asked for the
+            latencies of the targets that export a histogram (scrape.py, off the loop)
     act     on its schedule, the actuator reads every cpu.max back and rewrites what
             someone else changed (actuator.py)
     decide  when the policy is due: the window's latency statistic, CPU usage and limit in
@@ -64,6 +66,7 @@ from .nodepressure import NodePressure
 from .perfcounters import HardwareCounters
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet
+from .scrape import Job, Scraper, timeout_for
 from .snapshot import Counters, build
 from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
@@ -122,6 +125,7 @@ class Controller:
             if t.ring is None:
                 self.rings.ensure(t.name)
         self.engine_targets = EngineTargets(watcher, self.targets, self.rings)
+        self.scraper = Scraper(self.mount, timeout=timeout_for(cfg.params.iv_initial))
         self.fleet: Fleet | None = None
         self.actuator: Actuator | None = None
         self._built = self._built_removed = -1
@@ -143,6 +147,9 @@ class Controller:
             f = self.fleet
         if len(f):
             self.actuator.reconcile(now)
+            if len(self.scraper) and self.policy.due(
+                    now + self.cfg.sample_interval + self.scraper.timeout):
+                self.scraper.kick()  # so that its readings are in before the window closes
             if self.policy.due(now):
                 self._decide(now)
         self._rebind(now)
@@ -194,7 +201,9 @@ class Controller:
             mount=self.mount, previous=old_actuator, acting=self.acting)
         if not self.acting:  # a limit of ours still in force from an earlier run: given back
             self.actuator.stop_acting()
-        self.fleet = Fleet(bound, table, rings, self.cpus, self.actuator.limit, old_fleet, now)
+        self.fleet = Fleet(bound, table, rings, self.cpus, self.actuator.limit, old_fleet, now,
+                           self.scraper)
+        self._assign_scrapes()
         if self.hardware is not None:
             self.hardware.follow({t.name: Path(t.cgroup) for t in bound if t.cgroup})
         if old_fleet is not None:
@@ -219,6 +228,13 @@ class Controller:
             return bound
         waiting = set(joining[room:])
         return [t for t in bound if t.name not in waiting]
+
+    def _assign_scrapes(self) -> None:
+        """The bound targets whose latencies are scraped, with their slots."""
+        self.scraper.assign([
+            (i, Job(t.name, t.cgroup, t.scrape, t.metric or ""))
+            for i, t in enumerate(self.targets.get(n) for n in self.fleet.names)
+            if t.scrape is not None and t.cgroup is not None])
 
     def _release_gone(self) -> None:
         gone = [self.fleet.names[i] for i in np.flatnonzero(self.fleet.gone)]
@@ -266,9 +282,12 @@ class Controller:
     def retarget(self, name: str, objective: Objective, source: str) -> Target:
         """Give an existing target a new objective (TargetError or StateError: nothing
         changed); a bound one's is in force at the next decision, which comes at once."""
+        before = self.targets.get(name).scrape
         target = self.targets.change(name, objective, source)
         if name in self.fleet.slot:
             self.fleet.set_target(name, target.objective)
+            if target.scrape != before:
+                self._assign_scrapes()
             self.policy.reset()
         return target
 
@@ -352,7 +371,7 @@ class Controller:
         return build(targets, {t.name: str(self.rings.path(t.name)) for t in targets},
                      self.targets.reasons, self.fleet, self.actuator, self.counters,
                      self.policy.name, self.cpus, systemd, self.cfg.params.alpha,
-                     self.node_pressure, self.hardware, self.hardware_said)
+                     self.node_pressure, self.hardware, self.hardware_said, self.scraper)
 
     def summary(self) -> str:
         """One line for sd_notify's STATUS= on every tick: cheap, no per-container work
@@ -368,6 +387,7 @@ class Controller:
         """Give every container its original limit back; the targets stay for next time."""
         if len(self.fleet):
             self.actuator.restore(np.ones(len(self.fleet), bool))
+        self.scraper.close()
         self.fleet.close()
         if self.hardware is not None:
             self.hardware.close()

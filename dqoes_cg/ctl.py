@@ -1,6 +1,7 @@
 """dqoesctl: set QoE targets and watch the controller.
 
     dqoesctl set-target CONTAINER TARGET [--metric mean|p50|p90|p95|p99] [--pending]
+                        [--metrics :PORT/PATH --histogram NAME]
     dqoesctl set-target CONTAINER --training [--pending]
     dqoesctl unset-target CONTAINER
     dqoesctl list [--json]
@@ -12,7 +13,9 @@
 CONTAINER is a Docker/Podman name or ID (prefix), a cgroup path, a PID or a systemd unit.
 TARGET is a duration with a unit: 250us, 40ms, 1.5s. --training makes the container a
 training job instead: no target, its CPU shared with the other training jobs by the
-progress it reports (FlowCon). Every error is one line on stderr and a non-zero exit
+progress it reports (FlowCon). --metrics and --histogram take the latencies from a
+Prometheus histogram the service exports (at 127.0.0.1:PORT/PATH in its network namespace)
+instead of its ring. Every error is one line on stderr and a non-zero exit
 status, and changes nothing.
 """
 
@@ -34,7 +37,7 @@ from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
 from .membership.objective import DEFAULT_METRIC, METRICS, TRAINING
 from .paths import DEFAULT_SOCKET, MANAGER_SOCKET
-from .status import PRESSURE_RESOURCES, Listing, Status
+from .status import PRESSURE_RESOURCES, ContainerStatus, Listing, Status
 from .table import format_table
 
 EXIT_ERROR = 1
@@ -47,6 +50,15 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def _source(c: ContainerStatus) -> str:
+    """Where a service's latencies come from: its ring, or the histogram it exports
+    (with the error bound of the measured statistic, the width of its bucket)."""
+    if c.metrics is None:
+        return "ring"
+    bound = "" if c.measured_error_s is None else f" ±{format_duration(c.measured_error_s)}"
+    return f"{c.metrics} {c.histogram}{bound}"
+
+
 def format_status(status: Status) -> str:
     services = [c for c in status.containers if c.kind != TRAINING]
     jobs = [c for c in status.containers if c.kind == TRAINING]
@@ -54,7 +66,8 @@ def format_status(status: Status) -> str:
     if services or not jobs:
         recommending = not status.host.acting
         rows = [("CONTAINER", "CLASS", "TARGET", "METRIC", "MEASURED", "Q", "LIMIT", "USAGE",
-                 "THROTTLED", "SAMPLES") + (("WOULD SET", "EXPECTED") if recommending else ())]
+                 "THROTTLED", "SAMPLES", "SOURCE") + (("WOULD SET", "EXPECTED") if recommending
+                                                      else ())]
         for c in services:
             q = c.q_s
             rows.append((
@@ -62,7 +75,7 @@ def format_status(status: Status) -> str:
                 c.metric or "-", format_duration(c.measured_s),
                 "-" if q is None else ("+" if q >= 0 else "") + format_duration(q),
                 _cores(c.cpu_limit_cores), f"{c.cpu_usage_cores:.2f}",
-                f"{c.throttled_ratio * 100:.0f}%", str(c.samples),
+                f"{c.throttled_ratio * 100:.0f}%", str(c.samples), _source(c),
             ) + (("-" if c.recommended_limit_cores is None else
                   f"{c.recommended_limit_cores:.2f}", c.expected_class or "-")
                  if recommending else ()))
@@ -86,6 +99,8 @@ def format_status(status: Status) -> str:
     if not h.acting:
         lines.append("recommend only: no limit is written (WOULD SET: what it would set, in "
                      "CPUs; dqoesctl act to act)")
+    lines += [f"{c.name}: scrape of {c.metrics} failed: {c.scrape_error}"
+              for c in services if c.scrape_error]
     if h.contested:
         lines.append(f"! {h.contested} contested: another writer keeps changing their "
                      "cpu.max or cpu.weight, which is left to it for a while (see the "
@@ -158,6 +173,11 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"latency statistic compared with the target (default {DEFAULT_METRIC})")
     s.add_argument("--pending", action="store_true",
                    help="accept a container that does not exist yet; bind it when it appears")
+    s.add_argument("--metrics", metavar=":PORT/PATH",
+                   help="take the latencies from the service's Prometheus metrics there, "
+                        "inside its network namespace (e.g. :8000/metrics), not its ring")
+    s.add_argument("--histogram", metavar="NAME",
+                   help="the latency histogram's name there (e.g. request_latency_seconds)")
     s.add_argument("--training", action="store_true",
                    help="a training job: no target; it shares the CPU left by the inference "
                         "services with the other training jobs, by the progress it reports "
@@ -194,17 +214,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _set_target(args: argparse.Namespace) -> dict[str, Any]:
+    if (args.metrics is None) != (args.histogram is None):
+        raise ValueError("--metrics and --histogram go together")
     if args.training:
-        if args.target is not None or args.metric is not None:
-            raise ValueError("a training job has no target or metric: give TARGET or "
-                             "--training")
+        if args.target is not None or args.metric is not None or args.metrics is not None:
+            raise ValueError("a training job has no target, metric or histogram: give "
+                             "TARGET or --training")
         return request(args.socket, "set-target", container=args.container, training=True,
                        pending=args.pending)
     if args.target is None:
         raise ValueError("set-target needs a TARGET (or --training)")
+    scrape = {} if args.metrics is None else {"metrics": args.metrics,
+                                              "histogram": args.histogram}
     return request(args.socket, "set-target", container=args.container,
                    target_s=parse_duration(args.target), metric=args.metric or DEFAULT_METRIC,
-                   pending=args.pending)
+                   pending=args.pending, **scrape)
 
 
 def _run(args: argparse.Namespace) -> str:
@@ -213,6 +237,9 @@ def _run(args: argparse.Namespace) -> str:
         state = "bound to " + r["cgroup"] if r["cgroup"] else "pending (container not found yet)"
         what = "a training job" if r.get("kind") == TRAINING else \
             f"target {format_duration(r['target_s'])} ({r['metric']})"
+        if r.get("metrics"):
+            return (f"{r['name']}: {what}, {state}\n"
+                    f"latency from {r['metrics']} ({r['histogram']}), scraped at each window")
         return (f"{r['name']}: {what}, {state}\n"
                 f"ring: {r['ring']}\n"
                 f"mount it into the container, e.g.: docker run -v {r['ring_dir']}:/run/dqoes ...")

@@ -6,6 +6,10 @@ target, in slot order, and every per-slot array the sense step and the policy's 
 so that a tick allocates nothing. It is built anew on each membership change, taking over
 the previous fleet's open files and per-container state by name.
 
+The latencies of a target that names a Prometheus histogram instead of a ring come from
+the scraper (scrape.py), which puts the window's rows into the ring set's window arrays
+before they are read: the rest of the window is the same for both.
+
 A training job's interval runs from its last report before the window (else its first in
 the window) to its last in the window: the reports carry their own times, so the progress
 between two reports is exact however the windows fall.
@@ -30,6 +34,7 @@ from .cgtable import PSI_RESOURCES, CgroupTable, Status
 from .membership.objective import TRAINING, Objective, Target
 from .policy import Cls, Decision, Observation
 from .ring import STATS, RingSet, WindowStats
+from .scrape import Scraper
 
 # numpy compares an array with a plain int several times faster than with an IntEnum member
 OK, GONE, SKIPPED = int(Status.OK), int(Status.GONE), int(Status.SKIPPED)
@@ -50,8 +55,10 @@ class Fleet:
     """Per-slot arrays of the bound targets (slot order = `targets` order)."""
 
     def __init__(self, targets: list[Target], table: CgroupTable, rings: RingSet,
-                 cpus: float, limit: np.ndarray, previous: Fleet | None, now: float) -> None:
+                 cpus: float, limit: np.ndarray, previous: Fleet | None, now: float,
+                 scraper: Scraper | None = None) -> None:
         n = len(targets)
+        self.scraper = scraper
         self.names = [t.name for t in targets]
         self.slot = {name: i for i, name in enumerate(self.names)}
         self.table = table
@@ -189,6 +196,8 @@ class Fleet:
         """Close the decision window: each container's latency statistic, request count
         and rate, and CPU usage share over it, and each training job's interval of reports."""
         w = self.rings.take_window()
+        if self.scraper is not None:
+            self.scraper.fill(w.count, self.rings.stats)
         np.take(self.rings.stats.ravel(), self.metric_index, out=self.measured)
         if self._any_training:
             np.putmask(self.measured, self.training, np.nan)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .fleet import Fleet
     from .nodepressure import NodePressure
     from .perfcounters import HardwareCounters
+    from .scrape import Scraper
 
 
 @dataclass
@@ -39,7 +40,8 @@ class Counters:
 def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
           fleet: Fleet, actuator: Actuator, counters: Counters, policy: str, cpus: float,
           systemd: tuple[int, int], alpha: float, node: NodePressure | None = None,
-          hardware: HardwareCounters | None = None, hardware_said: str | None = None) -> Status:
+          hardware: HardwareCounters | None = None, hardware_said: str | None = None,
+          scraper: Scraper | None = None) -> Status:
     """The status of `targets` (all, or the one asked for) from the loop's tables; when
     the actuator only recommends, with the limit it would set and the class expected under
     it (`alpha`: the policy's tolerance band). What slowed each container, and the node
@@ -53,7 +55,8 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
             containers.append(ContainerStatus(
                 target.name, "pending", target.target_s, target.metric, None, None, None,
                 0.0, 0.0, 0, target.cgroup, rings[target.name], target.source,
-                reason=reasons.get(target.name), kind=target.kind))
+                reason=reasons.get(target.name), kind=target.kind, metrics=target.metrics,
+                histogram=target.histogram))
             continue
         cls = Cls(int(fleet.classes[i]))
         training = target.kind == TRAINING
@@ -80,7 +83,11 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
                                  [_finite(x) for x in fleet.stall_avg10[:, i]]),
             throttled_window_ratio=_finite(fleet.throttled_window[i]),
             ipc=_counted(hardware and hardware.ipc, target.name),
-            llc_misses_per_s=_counted(hardware and hardware.llc_misses_per_s, target.name)))
+            llc_misses_per_s=_counted(hardware and hardware.llc_misses_per_s, target.name),
+            metrics=target.metrics, histogram=target.histogram,
+            scrape_error=scraper.errors.get(target.name) if scraper else None,
+            measured_error_s=_finite(scraper.error_s.get(target.name, math.nan))
+            if scraper and measured is not None else None))
     counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
     r = fleet.rings
     n = len(fleet)

@@ -36,13 +36,14 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .membership.objective import SOURCES, Target, check_target
+from .membership.objective import SOURCES, Target, check_target, scrape_from
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 4
-# version 1: no log, no source, no cgroup identity; 2: no kind; 3: no original_weight
-READABLE_VERSIONS = (1, 2, 3, 4)
+STATE_VERSION = 5
+# version 1: no log, no source, no cgroup identity; 2: no kind; 3: no original_weight;
+# 4: no metrics, histogram
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 COMPACT_MIN_LINES = 256
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -87,7 +88,7 @@ def _target(item: Any) -> Target:
     t = Target(**item)
     if not isinstance(t.name, str) or not t.name:
         raise ValueError("a target without a name")
-    check_target(t.target_s, t.metric, t.kind)
+    check_target(t.target_s, t.metric, t.kind, scrape_from(t.metrics, t.histogram))
     if t.source not in SOURCES:
         raise ValueError(f"unknown source {t.source!r}")
     if t.ring is not None and not (isinstance(t.ring, str) and t.ring.startswith("/")):

@@ -68,6 +68,13 @@ class ContainerStatus:
     throttled_window_ratio: float | None = None
     ipc: float | None = None
     llc_misses_per_s: float | None = None
+    # Latencies from a Prometheus histogram instead of the ring: its endpoint (":PORT/PATH")
+    # and name, why the last scrape failed (None: it did not), and the width of the bucket
+    # the measured statistic fell in (its error bound; None: exact, or no reading)
+    metrics: str | None = None
+    histogram: str | None = None
+    scrape_error: str | None = None
+    measured_error_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,8 @@ class Listing:
     source: str = "cli"
     reason: str | None = None  # why it is pending or invalid
     kind: str | None = INFERENCE  # inference or training; None: invalid
+    metrics: str | None = None  # ":PORT/PATH": latencies from a histogram there, not the ring
+    histogram: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _fields(self)
@@ -154,7 +163,8 @@ def listing(target: Target, ring: str, reason: str | None) -> Listing:
     return Listing(target.name, target.target_s, target.metric,
                    "bound" if target.cgroup else "pending", target.cgroup, ring,
                    ring.rsplit("/", 1)[0], target.source,
-                   None if target.cgroup else reason, target.kind)
+                   None if target.cgroup else reason, target.kind, target.metrics,
+                   target.histogram)
 
 
 def _fields(obj: Any) -> dict[str, Any]:

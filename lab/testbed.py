@@ -129,6 +129,15 @@ class Testbed:
         return self._spawn(name, model, "lab.training", "--model", model, "--seed", str(seed),
                            *epochs_args, *["--hold"] * hold)
 
+    def add_metrics_service(self, name: str, model: str, rate: float, port: int,
+                            seed: int = 0) -> Worker:
+        """An inference service (lab.metrics_service) in cgroup <subtree>/<name> and a
+        network namespace of its own, its requests arriving at `rate` per second, exporting
+        their latencies as a Prometheus histogram at :`port`/metrics; it has no ring."""
+        self._cgroup(name)
+        return self._spawn(name, model, "lab.metrics_service", "--port", str(port), "--model",
+                           model, "--rate", str(rate), "--seed", str(seed), "--own-netns")
+
     def _cgroup(self, name: str) -> str:
         """Create cgroup <subtree>/<name> (if missing); its target's name."""
         (self.root / name).mkdir(exist_ok=True)

@@ -133,6 +133,29 @@ def test_set_list_status_unset(daemon: Daemon) -> None:
     assert not Path(listed[0]["ring"]).exists()
 
 
+def test_a_target_measured_by_the_service_s_own_histogram(daemon: Daemon) -> None:
+    r = daemon.ctl("set-target", "pods/web", "40ms", "--metrics", ":8000/metrics",
+                   "--histogram", "request_latency_seconds")
+    assert r.returncode == 0, r.stderr
+    assert "latency from :8000/metrics (request_latency_seconds)" in r.stdout
+    (listed,) = json.loads(daemon.ctl("list", "--json").stdout)
+    assert (listed["metrics"], listed["histogram"]) == (":8000/metrics",
+                                                        "request_latency_seconds")
+
+    def scraped() -> dict[str, object] | None:  # its fake cgroup has no process to enter
+        (row,) = json.loads(daemon.ctl("status", "--json").stdout)["containers"]
+        return row if row["scrape_error"] else None
+
+    deadline = time.monotonic() + 60
+    while (row := scraped()) is None:
+        assert time.monotonic() < deadline, "no scrape in 60 s"
+        time.sleep(0.2)
+    assert row["class"] == "idle" and row["metrics"] == ":8000/metrics"
+    table = daemon.ctl("status").stdout
+    assert ":8000/metrics request_latency_seconds" in table
+    assert f"pods/web: scrape of :8000/metrics failed: {row['scrape_error']}" in table
+
+
 def test_pending_target_binds_when_the_cgroup_appears(daemon: Daemon) -> None:
     r = daemon.ctl("set-target", "pods/later", "1s", "--pending")
     assert r.returncode == 0, r.stderr
@@ -152,6 +175,11 @@ def test_pending_target_binds_when_the_cgroup_appears(daemon: Daemon) -> None:
     (("set-target", "pods/web", "2h"), "bad duration"),
     (("set-target", "pods/web", "5000s"), "at most"),
     (("set-target", "pods/web", "40ms", "--metric", "p42"), "invalid choice"),
+    (("set-target", "pods/web", "40ms", "--metrics", ":8000/metrics"), "go together"),
+    (("set-target", "pods/web", "40ms", "--metrics", "8000", "--histogram", "h"),
+     "is not :port/path"),
+    (("set-target", "pods/web", "--training", "--metrics", ":1/m", "--histogram", "h"),
+     "no target, metric or histogram"),
     (("unset-target", "pods/web"), "no target"),
     (("status", "pods/web"), "no target"),
     (("frobnicate",), "invalid choice"),

@@ -80,13 +80,15 @@ class Queues:
     add up to at most the budget. Unlimited services are served at an even share of what
     the caps leave; unlimited workers use what the rest leave, as much as a thread can: the
     fraction `speed` of a CPU (1: a whole one; less on a loaded host or an emulated CPU,
-    whose time taken away no pressure shows). A service whose arrivals its cap cannot serve
-    uses all of it, and its queue and latency grow by the window's length."""
+    whose time taken away no pressure shows), and a capped one the fraction `served` of its
+    cap (the guest's CFS served 0.70-0.87 of a cap under a CPU). A service whose arrivals its
+    cap cannot serve uses all of it, and its queue and latency grow by the window's length."""
 
     CPUS = 2.0
 
-    def __init__(self, work, target, rate, window: float = 5.0, speed: float = 1.0) -> None:
-        self.speed = speed
+    def __init__(self, work, target, rate, window: float = 5.0, speed: float = 1.0,
+                 served: float = 1.0) -> None:
+        self.speed, self.served = speed, served
         self.work = np.asarray(work, float)
         self.target = np.asarray(target, float)
         self.rate = np.array([NAN if r is None else r for r in rate], float)
@@ -106,6 +108,7 @@ class Queues:
         used = np.where(~capped & self.open, np.minimum(self.rate * work, even), 0.0).sum()
         workers = ~capped & ~self.open
         share[workers] = (free - used) / max(int(workers.sum()), 1)
+        share[capped] *= self.served
         return np.minimum(share, self.speed / self.CPUS)
 
     def observe(self, factor: float | np.ndarray = 1.0) -> Observation:
@@ -417,6 +420,20 @@ def test_idle_slots_are_left_alone_and_hold_their_limit():
     assert d.limits[1] == pytest.approx(0.25 * COMFY)  # fits in 1 - 0.5 - 0.2
 
 
+def test_an_idle_slot_held_under_the_floor_gets_it_back():
+    # c0 was in S at a cap under the floor (1/6 here); a window with no reading at that cap
+    # (its requests outlast the window, or it was too throttled to answer its scrape) must
+    # not leave it there for good. The unlimited idle slot stays unlimited.
+    pol = policy(3)
+    d = pol.decide(obs([1.0, 1.0, 1.0], [NAN, 0.25 / 0.3, NAN], [0.05, 0.3, 0.1],
+                       [0.05, NAN, NAN]), 0.0)
+    assert d is not None
+    assert d.classes[0] == Cls.IDLE
+    assert d.limits[0] == pytest.approx(1 / 6)
+    assert math.isnan(d.limits[2])
+    assert d.limits[0] + d.limits[1] + max(0.1, 1 / 6) <= 1.0 + 1e-12  # its hold was counted
+
+
 def test_memory_follows_each_container_across_a_membership_change():
     fluid = Fluid(work=[0.6, 0.18, 0.18], target=[1.0] * 3, usable=[0.5, 1.0, 1.0])
     pol = policy(3)
@@ -551,6 +568,21 @@ def test_a_worker_whose_thread_gets_less_than_a_cpu_is_not_taken_for_an_open_loo
     d = pol.decide(o, node.now + node.window)
     assert d is not None
     assert d.classes.tolist() == [Cls.S, Cls.S]
+
+
+@pytest.mark.parametrize("served", [0.87, 0.75])
+def test_a_worker_served_part_of_a_cap_under_a_cpu_is_not_taken_for_an_open_loop_service(
+        served: float):
+    # In the guest a worker capped at 0.49 CPU used 0.34-0.42 of it, with idle CPU around:
+    # under its cap and under 0.7 of a CPU, it was taken for an open-loop service (S at
+    # 0.29-0.56 of its target under caps of 1.4-1.7 CPU, then B at 1.9-2.8 times it). Its
+    # thread is busy at what its cap gives it.
+    node = Queues([0.15, 0.004], [1.0, 0.012], [None, 20.0], served=served)
+    pol = policy(2)
+    for _ in range(6):
+        node.rounds(pol, 1)
+        assert not pol._mem.open[0]
+    assert pol._mem.open[1]
 
 
 @pytest.mark.parametrize("speed", [1.0, 0.87])

@@ -153,3 +153,24 @@ def test_a_weight_out_of_cpu_weight_s_range_is_refused(tmp_path: Path, bad: obje
         {"name": "a", "target_s": 0.1, "metric": "p95", "original_weight": bad}]}))
     assert StateStore(tmp_path).load() == {}
     assert list(tmp_path.glob("state.json.corrupt-*"))
+
+
+def test_where_latencies_are_scraped_from_is_kept(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.load()
+    store.put(_t("a", metrics=":8000/metrics", histogram="request_latency_seconds"))
+    store.close()
+    a = StateStore(tmp_path).load()["a"]
+    assert (a.scrape.port, a.scrape.path, a.scrape.histogram) == (
+        8000, "/metrics", "request_latency_seconds")
+
+
+@pytest.mark.parametrize(("metrics", "histogram"), [
+    (":8000/metrics", None), ("8000", "h"), (":8000/metrics", "not a name")])
+def test_a_malformed_scrape_is_refused(tmp_path: Path, metrics: object,
+                                       histogram: object) -> None:
+    (tmp_path / "state.json").write_text(json.dumps({"version": 5, "targets": [
+        {"name": "a", "target_s": 0.1, "metric": "p95", "metrics": metrics,
+         "histogram": histogram}]}))
+    assert StateStore(tmp_path).load() == {}
+    assert list(tmp_path.glob("state.json.corrupt-*"))

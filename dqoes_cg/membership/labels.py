@@ -4,6 +4,11 @@
     dqoes.metric   the statistic compared with it: mean, p50, p90, p95 (default), p99
     dqoes.policy   flowcon: a training job (no target nor metric), managed by the progress
                    it reports (FlowCon); inference services follow the daemon's --policy
+    dqoes.metrics  :PORT/PATH of the service's Prometheus metrics, inside its network
+                   namespace (e.g. :8000/metrics): its latencies come from a histogram
+                   there instead of its ring, scraped at each window (scrape.py)
+    dqoes.histogram  that histogram's name (e.g. request_latency_seconds); with
+                   dqoes.metrics, and only with it
 
 On a Swarm service they are service labels (`docker service create --label dqoes.target=2s`,
 changed later with `docker service update --label-add`, which recreates no task) or
@@ -26,13 +31,16 @@ from .objective import (
     TRAINING_POLICY,
     Objective,
     check_target,
+    scrape_from,
 )
 
 PREFIX = "dqoes."
 TARGET = "dqoes.target"
 METRIC = "dqoes.metric"
 POLICY = "dqoes.policy"
-KNOWN = (TARGET, METRIC, POLICY)
+METRICS_ENDPOINT = "dqoes.metrics"
+HISTOGRAM = "dqoes.histogram"
+KNOWN = (TARGET, METRIC, POLICY, METRICS_ENDPOINT, HISTOGRAM)
 MAX_VALUE = 64  # characters of a label value worth reading
 PIPELINE = "dqoes.pipeline"
 NEXT = "dqoes.next"
@@ -63,12 +71,12 @@ def objective(labels: Mapping[str, str]) -> Objective | None:
             raise ValueError(f"{POLICY}: unknown policy {policy[:MAX_VALUE]!r} (training "
                              f"jobs: {TRAINING_POLICY}; inference services follow the "
                              "daemon's --policy)")
-        if TARGET in mine or METRIC in mine:
+        if TARGET in mine or METRIC in mine or METRICS_ENDPOINT in mine or HISTOGRAM in mine:
             raise ValueError(f"{POLICY}={TRAINING_POLICY} marks a training job, which has no "
-                             f"{TARGET} or {METRIC}")
+                             f"{TARGET}, {METRIC}, {METRICS_ENDPOINT} or {HISTOGRAM}")
         return TRAINING_JOB
     if TARGET not in mine:
-        raise ValueError(f"{METRIC} without {TARGET}")
+        raise ValueError(f"{next(k for k in KNOWN if k in mine)} without {TARGET}")
     text = mine[TARGET]
     if len(text) > MAX_VALUE:
         raise ValueError(f"{TARGET} is longer than {MAX_VALUE} characters")
@@ -84,7 +92,11 @@ def objective(labels: Mapping[str, str]) -> Objective | None:
         check_target(target_s, metric)
     except ValueError as e:
         raise ValueError(f"{TARGET}: {e}") from None
-    return Objective(target_s, metric)
+    try:
+        scrape = scrape_from(mine.get(METRICS_ENDPOINT), mine.get(HISTOGRAM))
+    except ValueError as e:
+        raise ValueError(f"{METRICS_ENDPOINT}, {HISTOGRAM}: {e}") from None
+    return Objective(target_s, metric, scrape=scrape)
 
 
 def effective(container: Mapping[str, str], service: Mapping[str, str] | None

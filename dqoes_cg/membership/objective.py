@@ -7,11 +7,16 @@ checked here (`check_target`) whatever its source, and passed whole to the targe
 (membership/targets.py) and to the fleet's row (fleet.py); a `Target` is a container's
 objective with where it came from, the cgroup it is bound to and what the daemon must give
 back (the journal, state.py, stores it flat).
+
+An inference service's latencies come from its ring, or from a Prometheus histogram that
+it exports (`Scrape`: the port and path of its metrics endpoint inside its network
+namespace, and the histogram's name), which dqoesd scrapes at each window (scrape.py).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +33,49 @@ marks one."""
 SOURCES = ("cli", "label", "service")
 ENGINE_SOURCES = ("label", "service")  # targets that follow the container engine
 MAX_TARGET_S = 3600.0
+MAX_PATH = 256  # characters of a metrics endpoint's path
+_HISTOGRAM_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,199}")
+_ENDPOINT = re.compile(r":([0-9]{1,5})(/[!-~]*)")  # :PORT/PATH, printable ASCII, no space
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Where a service's latency histogram is: http://127.0.0.1:PORT/PATH inside its
+    network namespace, and the histogram's name there."""
+
+    endpoint: str  # ":PORT/PATH"
+    histogram: str
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint[1:].split("/", 1)[0])
+
+    @property
+    def path(self) -> str:
+        return "/" + self.endpoint.split("/", 1)[1]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint} {self.histogram}"
+
+
+def scrape_from(endpoint: Any, histogram: Any) -> Scrape | None:
+    """The `Scrape` that an endpoint (":PORT/PATH") and a histogram's name describe; None
+    when neither is given. ValueError, with a one-line reason, when they are malformed."""
+    if endpoint is None and histogram is None:
+        return None
+    if endpoint is None or histogram is None:
+        raise ValueError("a metrics endpoint and a histogram's name go together")
+    if not isinstance(endpoint, str) or not isinstance(histogram, str):
+        raise ValueError("the metrics endpoint and the histogram's name must be strings")
+    match = _ENDPOINT.fullmatch(endpoint)
+    if match is None or len(endpoint) > MAX_PATH:
+        raise ValueError(f"metrics endpoint {endpoint[:64]!r} is not :PORT/PATH (e.g. "
+                         ":8000/metrics)")
+    if not 0 < int(match[1]) < 65536:
+        raise ValueError(f"metrics endpoint {endpoint[:64]!r}: port out of range")
+    if not _HISTOGRAM_NAME.fullmatch(histogram):
+        raise ValueError(f"not a metric name: {histogram[:64]!r}")
+    return Scrape(endpoint, histogram)
 
 
 @dataclass(frozen=True)
@@ -35,11 +83,13 @@ class Objective:
     target_s: float | None  # None: a training job
     metric: str | None
     kind: str = INFERENCE
+    scrape: Scrape | None = None  # where its latencies are, if not in its ring
 
     def __str__(self) -> str:
         if self.kind == TRAINING:
             return f"a training job ({TRAINING_POLICY})"
-        return f"target {format_duration(self.target_s)} ({self.metric})"
+        where = f", latency from {self.scrape}" if self.scrape else ""
+        return f"target {format_duration(self.target_s)} ({self.metric}){where}"
 
 
 TRAINING_JOB = Objective(None, None, TRAINING)
@@ -61,19 +111,27 @@ class Target:
     # target: FlowCon, by the progress it reports)
     kind: str = INFERENCE
     original_weight: int | None = None  # cpu.weight before our first write; None: never written
+    # its latencies from a Prometheus histogram (Scrape) instead of its ring; None: its ring
+    metrics: str | None = None  # ":PORT/PATH"
+    histogram: str | None = None
+
+    @property
+    def scrape(self) -> Scrape | None:
+        return None if self.metrics is None else Scrape(self.metrics, self.histogram or "")
 
     @property
     def objective(self) -> Objective:
         """What the target is pursued for."""
-        return Objective(self.target_s, self.metric, self.kind)
+        return Objective(self.target_s, self.metric, self.kind, self.scrape)
 
 
-def check_target(target_s: Any, metric: Any, kind: Any = INFERENCE) -> None:
+def check_target(target_s: Any, metric: Any, kind: Any = INFERENCE,
+                 scrape: Scrape | None = None) -> None:
     """Raise ValueError unless (target, metric) is something the controller can pursue: a
     latency target for an inference service, none for a training job."""
     if kind == TRAINING:
-        if target_s is not None or metric is not None:
-            raise ValueError("a training job has no latency target or metric")
+        if target_s is not None or metric is not None or scrape is not None:
+            raise ValueError("a training job has no latency target, metric or histogram")
         return
     if kind != INFERENCE:
         raise ValueError(f"unknown kind {kind!r:.40} (one of {', '.join(KINDS)})")

@@ -93,7 +93,7 @@ class Targets:
                 raise TargetError(str(e)) from None
             path, reason = None, str(e)
         target = Target(name, _seconds(objective.target_s), objective.metric, source, ring=ring,
-                        kind=objective.kind)
+                        kind=objective.kind, **_scrape_fields(objective))
         if path is not None:
             target.cgroup, target.cgroup_id = str(path), cgroup_identity(path)
         prepare()
@@ -109,7 +109,8 @@ class Targets:
         nothing changed."""
         _check(objective)
         changed = replace(self.get(name), target_s=_seconds(objective.target_s),
-                          metric=objective.metric, source=source, kind=objective.kind)
+                          metric=objective.metric, source=source, kind=objective.kind,
+                          **_scrape_fields(objective))
         self._save(changed)
         return changed
 
@@ -270,9 +271,16 @@ class Targets:
 
 def _check(o: Objective) -> None:
     try:
-        check_target(o.target_s, o.metric, o.kind)
+        check_target(o.target_s, o.metric, o.kind, o.scrape)
     except ValueError as e:
         raise TargetError(str(e)) from None
+
+
+def _scrape_fields(o: Objective) -> dict[str, str | None]:
+    """A target's fields of where its latencies are scraped from (None: its ring)."""
+    s = o.scrape
+    return {"metrics": None if s is None else s.endpoint,
+            "histogram": None if s is None else s.histogram}
 
 
 def _seconds(target_s: float | None) -> float | None:

@@ -19,9 +19,10 @@ window's request rate), and its latency at a cap c follows from a queue (below).
 container is, the window tells by Little's law: rate x latency is the mean number of
 requests in the container, as many as its threads for a back-to-back worker, under
 OPEN_CONCURRENCY only for a service that sat idle; so are one under its cap with idle CPU
-around whose threads were not busy (under THREADS_SPEED of a CPU per request in flight: not
-its threads' limit, its arrivals'; a cap above a worker's threads does not bind, and a
-loaded or emulated CPU gives each thread less than a whole CPU), and one whose queue grows
+around whose threads were not busy (under THREADS_SPEED of a CPU, or of its cap if less, per
+request in flight: not its threads' limit, its arrivals'; a cap above a worker's threads does
+not bind, and a loaded or emulated CPU gives each thread less than a whole CPU, and less than
+its cap under one), and one whose queue grows
 at its cap. Once seen, a container stays an open-loop service
 until it looks back-to-back (at its cap, a whole number of requests in flight, none
 queueing) CLOSED_WINDOWS windows in a row: one window's noise may make a worker look open.
@@ -130,7 +131,7 @@ Allocation: caps are guarantees
     i known, not A:  L_i = b_i + min(h_i, lambda)       h_i = min(max(comfy_i, b_i),
                                                                   m_i (1 + PROBE), T_R) - b_i
                      lambda: Σ min(h_i, lambda) = what A left of R (max h_i if all fits)
-    idle:            L_i unchanged
+    idle:            L_i unchanged, raised to f if under it
 
 R = E - Σ_A c_i is what the admitted leave. It first moves them from their lean share towards
 the middle of the band (robustness), then goes to the containers that cannot be satisfied,
@@ -152,6 +153,10 @@ Readings and choices
 - A valid window (DQoES's: finite target, latency and usage) with a positive target,
   latency and usage updates lw_i. A slot with no valid window or no estimate yet is idle:
   limit untouched, and it holds its limit (its usage if unlimited), at least f, out of E.
+  One held under f (in S, at a need under the floor) is given f: it holds that much of E
+  anyway, and a window without a reading may be one in which its cap starved it (a worker
+  whose requests outlast the window, a service too throttled to answer its scrape), which
+  an unchanged limit would go on doing for good.
 - There is no special first limit: the first window (CFS's even share, or whatever a
   newcomer got) gives w_i, and the first round puts every container where it belongs.
 - A container's memory (lw_i, v_i, k_i, m_i, admitted) follows it across a membership
@@ -220,11 +225,13 @@ OVERLOAD = 1.5  # arrivals of a service whose queue grows at its cap: its throug
 ARRIVALS_KEPT = 0.8  # each window's request count counts this much less the next window
 ARRIVALS_Z = 2.0  # a base's arrival rate: this many standard errors above the count
 THREADS_TOL = 0.10  # a whole number of requests in flight, within 10%: one per worker thread
-# A back-to-back worker's threads are busy: it uses at least this of a CPU per request in
-# flight (a loaded host's or an emulated CPU gives a thread less than a whole one). An
-# open-loop service served a request at a time at a busy fraction rho has rho + K rho² /
-# (1 - rho) in flight: using THREADS_SPEED of a CPU per request and at least THREADS_SPEED of
-# one would take K <= (1 - THREADS_SPEED)² / THREADS_SPEED² = 0.18, under any K believed.
+# A back-to-back worker's threads are busy: it uses at least this of a CPU (of its cap, under
+# one) per request in flight (a loaded host's or an emulated CPU gives a thread less than a
+# whole one, and less than its cap: 0.70-0.87 of a cap of 0.49 CPU in the guest). An
+# open-loop service served a request at a time at a busy fraction rho of its server (a CPU,
+# or its cap) has rho + K rho² / (1 - rho) in flight: using THREADS_SPEED of it per request
+# and at least THREADS_SPEED of it would take K <= (1 - THREADS_SPEED)² / THREADS_SPEED² =
+# 0.18, under any K believed.
 THREADS_SPEED = 0.7
 NODE_MIN = 3  # the node's speed is followed from this many containers' work on
 STEADY = 0.10  # ... of those whose usage held within 10% (in logs) of the last window's
@@ -467,7 +474,7 @@ def open_loop_into(obs: Observation, span: float, est: BoolArray, fresh: BoolArr
     np.less(in_flight, OPEN_CONCURRENCY, out=newly)  # NaN compares false
     np.logical_or(newly, growing, out=newly)
     if obs.cpus is not None:  # ... or under its cap with idle CPU, and not for its threads
-        threads_busy_into(s.mask, obs.usage, obs.cpus, in_flight, s.z, s.d)
+        threads_busy_into(s.mask, obs.usage, s.cap, obs.cpus, in_flight, s.z, s.d)
         np.logical_not(s.mask, out=s.mask)
         np.logical_and(s.mask, s.under, out=s.mask)
         np.logical_or(newly, s.mask, out=newly)
@@ -517,14 +524,17 @@ def arrivals_into(rate: FloatArray, span: float, seen: BoolArray, mem: Memory,
     np.putmask(mem.arrival_time, s.outlier, span)
 
 
-def threads_busy_into(out: BoolArray, usage: FloatArray, cpus: float, in_flight: FloatArray,
-                      x: FloatArray, y: FloatArray) -> None:
+def threads_busy_into(out: BoolArray, usage: FloatArray, cap: FloatArray, cpus: float,
+                      in_flight: FloatArray, x: FloatArray, y: FloatArray) -> None:
     """out: the CPUs it used are its threads busy with what is in flight, none queued: at
-    least THREADS_SPEED of a CPU per request in flight and of one CPU. Not its cap but its
-    threads held it back, however much of a CPU each was given. Uses x and y."""
-    np.multiply(usage, cpus / THREADS_SPEED, out=x)
+    least THREADS_SPEED of what a thread can be served at (one CPU, or its cap if less) per
+    request in flight. Not its cap but its threads held it back, however much of a CPU
+    each was given. Uses x and y."""
+    np.minimum(cap, 1.0 / cpus, out=x)
+    np.multiply(x, THREADS_SPEED, out=x)
     np.fmax(in_flight, 1.0, out=y)  # NaN (unknown in flight): one
-    np.greater_equal(x, y, out=out)
+    np.multiply(x, y, out=x)
+    np.greater_equal(usage, x, out=out)
 
 
 def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
@@ -545,7 +555,7 @@ def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
     np.multiply(s.cap, 1.0 - SLACK, out=looks)
     np.greater_equal(obs.usage, looks, out=s.outlier)  # at its cap, or its threads busy
     if obs.cpus is not None:
-        threads_busy_into(s.jump, obs.usage, obs.cpus, s.y, looks, s.gain)
+        threads_busy_into(s.jump, obs.usage, s.cap, obs.cpus, s.y, looks, s.gain)
         np.logical_or(s.outlier, s.jump, out=s.outlier)
     np.logical_and(s.mask, s.outlier, out=s.mask)
     np.greater(s.mask, growing, out=s.mask)  # and not growing
@@ -869,6 +879,9 @@ class Admit:
         left = admit_into(budget, mem, s)
         np.copyto(d.limits, obs.limit)
         allocate_into(d.limits, left, s)
+        # An idle slot under the floor gets it (held out of E already); NaN (unlimited) stays.
+        np.logical_not(s.known, out=s.mask)
+        np.maximum(d.limits, floor, out=d.limits, where=s.mask)
         np.copyto(mem.admitted, s.admitted)
         # An open-loop service faster than its band is satisfied: its users wait no longer
         # than its target allows (README, "What satisfied means").

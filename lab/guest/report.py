@@ -4,7 +4,7 @@ that runs past a time limit, so that one hung test cannot hold the rest of the s
 
 Each line: {"nodeid", "outcome" (passed, failed, skipped, xfailed), "duration",
 "reason" (skip or xfail reason), "crash" (one-line failure summary), "longrepr" (failure
-text), "sections" (captured output, on failure)}.
+text), "sections" (captured output, on failure), "properties" (the test's record_property)}.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class ResultWriter:
              "crash": "", "longrepr": "", "sections": []},
         )
         result["duration"] += report.duration
+        result["properties"] = [[k, v] for k, v in report.user_properties]
         if result["outcome"] == "passed":  # the first phase that did not pass decides
             if report.failed:
                 phase = "" if report.when == "call" else f"error in {report.when}: "

@@ -111,6 +111,7 @@ class GuestProxy(pytest.Item):
     def runtest(self) -> None:
         result = self.runner.result(self.nodeid)
         self.user_properties.append(("guest_duration", result["duration"]))
+        self.user_properties.extend((k, v) for k, v in result.get("properties", ()))
         outcome = result["outcome"]
         if outcome == "skipped":  # reported at the test's location, like a skip mark
             raise pytest.skip.Exception(f"[guest] {result['reason']}", _use_item_location=True)
