@@ -141,8 +141,12 @@ class ModelScalerPolicy:
                 if room:
                     return Action("move", s, min(room, key=lambda n: (
                         env.placement[:, n].sum(), n)), int(d.move_from))
-            elif d.replicas != replicas[s]:
-                return Action("out" if d.replicas > replicas[s] else "in", s)
+            elif d.replicas < replicas[s]:
+                return Action("in", s)
+            elif d.replicas > replicas[s]:  # steered to the nodes with room, spread there
+                room = [int(n) for n in d.prefer]
+                return Action("out", s, min(room, key=lambda n: (
+                    env.placement[:, n].sum(), n)) if room else None)
         return Action("none")
 
 

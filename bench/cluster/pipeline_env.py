@@ -149,7 +149,8 @@ class PipelineEnv:
         if action.kind == "out":
             if count >= self.params.max_replicas:
                 return False
-            node = self.profile_node(s) if scheduler == "profile" else self.spread_node(s)
+            node = action.destination if action.destination is not None \
+                else self.profile_node(s) if scheduler == "profile" else self.spread_node(s)
             self.placement[s, node] += 1
             return True
         source = move_source(self.obs, s) if action.source is None else action.source

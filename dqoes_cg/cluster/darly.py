@@ -106,7 +106,8 @@ def reward(latency_s: float, target_s: float, servers: int, replicas: int, nodes
 class Action:
     kind: str  # one of ACTION_KINDS
     stage: int = -1
-    destination: int | None = None  # fullmap: a node; custom: a candidate's rank; else None
+    destination: int | None = None  # a move's: fullmap: a node; custom: a candidate's rank;
+    #                                 else None (and a node an out's new replica is put on)
     source: int | None = None  # the node a moved or removed replica leaves (None: the
     #                            stage's most pressured, move_source)
 
