@@ -123,14 +123,16 @@ def test_the_state_is_bounded_and_the_actions_decode() -> None:
 
 def test_a_trained_agent_beats_random_and_doing_nothing() -> None:
     params = env_params("strict")
-    agent, totals = train("custom", params, episodes=300, seed=0)
-    assert np.mean(totals[-50:]) > np.mean(totals[:50])  # it learnt something
+    agent, totals = train("custom", params, episodes=100, steps=40, seed=0)
+    assert np.mean(totals[-30:]) > np.mean(totals[:30])  # it learnt something
     space = ActionSpace("custom", 5, 4)
     learnt = summary(evaluate(lambda: agent_policy(agent, space), "custom", params, 3, 100))
     rand = summary(evaluate(lambda: random_policy(space), "custom", params, 3, 100))
     idle = summary(evaluate(lambda: nothing_policy, "custom", params, 3, 100))
-    assert learnt["reward"] > rand["reward"] + 100 and learnt["reward"] > idle["reward"] + 100
-    assert learnt["violations"] < idle["violations"]
+    # seeds 0, 1, 2: rewards -488, -455, -517 against -1000 random, -1646 idle; violations
+    # 40, 37, 44 of 300 against 74 and 99
+    assert learnt["reward"] > rand["reward"] + 200 and learnt["reward"] > idle["reward"] + 200
+    assert learnt["violations"] < min(rand["violations"], idle["violations"])
 
 
 def test_the_fig5_bench_runs_quick(tmp_path: Path) -> None:
