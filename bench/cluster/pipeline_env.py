@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dqoes_cg.cluster.darly import (
+    K1,
+    K2,
+    K3,
     Action,
     ActionSpace,
     Observation,
@@ -76,6 +79,7 @@ class EnvParams:
     rate_change: float = 0.05  # chance the rate jumps, per step
     noise: float = 0.05  # lognormal sigma of the measurements
     max_replicas: int = MAX_REPLICAS
+    k: tuple[float, float, float] = (K1, K2, K3)  # Eq. 1's constants
 
 
 @dataclass
@@ -129,7 +133,7 @@ class PipelineEnv:
     def reward(self) -> float:
         assert self.obs is not None
         return reward(self.obs.latency_s, self.params.target_s, self.servers(),
-                      self.replicas(), self.nodes, self.stages)
+                      self.replicas(), self.nodes, self.stages, *self.params.k)
 
     def servers(self) -> int:
         return int(np.count_nonzero(self.placement.sum(axis=0)))
