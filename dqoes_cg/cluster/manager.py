@@ -41,7 +41,6 @@ from .pipelines import Pipeline, Refused, declared
 from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
-from .scaling import ModelScaling
 from .split import Split, settle, split
 from .swarmapi import Snapshot
 from .view import (
@@ -107,12 +106,12 @@ class Manager:
 
     def __init__(self, engine: Engine, node_id: str, node_timeout: float = NODE_TIMEOUT_S,
                  placement: Placement | None = None, acting: bool = True,
-                 scaling: ModelScaling | None = None) -> None:
+                 scaling: Placement | None = None) -> None:
         self.engine = engine
         self.node_id = node_id
         self.node_timeout = node_timeout
         self.placement = placement
-        self.scaling = scaling  # of the pipelines' stages
+        self.scaling = scaling  # of the pipelines' stages (scaling.py, darly_scaling.py)
         self.acting = acting  # else placement's and scaling's updates are recommended
         # An update's effect (its Update with no text): when last asked and its latest text
         # (its why carries measured figures that move from tick to tick); oldest first.
@@ -379,7 +378,7 @@ def _task_view(snap: Snapshot, t: swarmapi.SwarmTask, reachable: dict[str, str |
         c.cpu_usage_cores if c else None, c.samples if c else None,
         None if c else why, c.rate_hz if c else None,
         c.window_usage_cores if c else None, c.mean_s if c else None,
-        c.p95_s if c else None)
+        c.p95_s if c else None, c.throttled_window_ratio if c else None)
 
 
 def _node_view(n: swarmapi.SwarmNode, why: str | None, reports: NodeReports,
@@ -394,7 +393,9 @@ def _node_view(n: swarmapi.SwarmNode, why: str | None, reports: NodeReports,
         None if budget is None or used is None else max(0.0, budget - used), **counts,
         refused=reports.refused,
         report_age_s=None if reports.received is None else now - reports.received,
-        paused_by_placement=n.paused_by_us)
+        paused_by_placement=n.paused_by_us,
+        cpu_pressure=report.pressure.get("cpu", {}).get("some_ratio")
+        if report and why is None else None)
 
 
 def _pushes(snapshot: Snapshot, stages: dict[str, dict[str, str]]

@@ -24,8 +24,10 @@ from .. import __version__, startup
 from ..control import ControlServer, Peer, RequestError
 from ..engines.client import DOCKER_SOCKET, Engine, EngineError
 from ..logs import RateLimitedLog
-from ..paths import MANAGER_SOCKET
+from ..paths import MANAGER_SOCKET, STATE_DIR
 from ..sdnotify import Notifier
+from .darly import SCHEDULERS
+from .darly_scaling import DarlyParams, DarlyScaling
 from .identity import Credentials, IdentityError
 from .manager import NODE_TIMEOUT_S, PLACEMENTS, Manager
 from .placement import PlacementParams
@@ -139,12 +141,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-scales-per-minute", type=int, metavar="N",
                    default=scaler.max_actions_per_minute,
                    help="scaler: actions per pipeline (default %(default)s)")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default=None,
+                   help="scale and move pipelines' stages with Darly's learned agent instead "
+                        "of --scaler, its moves' destinations chosen as the scheduler says "
+                        "(README: Darly); same limits as the scaler")
+    p.add_argument("--weights", type=Path, default=STATE_DIR / "darly", metavar="DIR",
+                   help="--scheduler: the agent's weights, loaded at the start and saved "
+                        "as it learns (default %(default)s)")
     p.add_argument("--recommend", action="store_true",
                    help="placement and scaler decide, but make no update: dqoesctl cluster "
                         "status "
                         "shows what it would do (dqoesctl cluster act switches to acting, "
                         "dqoesctl cluster recommend back, without a restart)")
     return p
+
+
+def _scaling(args: argparse.Namespace, scaler: ScalerParams
+             ) -> ModelScaling | DarlyScaling | None:
+    if args.scheduler is not None:
+        return DarlyScaling(DarlyParams(
+            scheduler=args.scheduler, weights_dir=args.weights,
+            max_actions_per_minute=scaler.max_actions_per_minute))
+    return ModelScaling(scaler) if args.scaler == "model" else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         manager = Manager(engine, node_id, args.node_timeout,
                           PLACEMENTS[args.placement](params) if args.placement else None,
                           acting=not args.recommend,
-                          scaling=ModelScaling(scaler) if args.scaler == "model" else None)
+                          scaling=_scaling(args, scaler))
         manager.tick(time.monotonic())
         server = Server(manager, credentials, swarm_id, listen)
     except (EngineError, ValueError, IdentityError, OSError) as e:

@@ -97,6 +97,7 @@ class NodeView:
     refused: int = 0  # claims about containers it does not run, refused since the start
     report_age_s: float | None = None  # since its agent's last report
     paused_by_placement: bool = False  # availability pause is the manager's (close_node)
+    cpu_pressure: float | None = None  # share of its last window its tasks stalled on CPU
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class TaskView:
     window_usage_cores: float | None = None  # CPUs it used over that window
     mean_s: float | None = None  # its latency over that window, whatever its metric
     p95_s: float | None = None
+    throttled: float | None = None  # share of its CPU periods at its limit, last window
 
 
 @dataclass(frozen=True)
