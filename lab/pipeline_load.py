@@ -107,6 +107,23 @@ def run(to: tuple[str, int], times: np.ndarray, deadline_s: float = DEADLINE_S,
     return [o for o in outcomes if o is not None]
 
 
+def wait_ready(to: tuple[str, int], within_s: float) -> int:
+    """Send requests one at a time until one is answered end to end (the stages started,
+    their names resolve); how many failed before. Raises TimeoutError past `within_s`."""
+    deadline = time.monotonic() + within_s
+    failed = 0
+    while True:
+        try:
+            call(to, 0, min(deadline, time.monotonic() + DEADLINE_S))
+            return failed
+        except (OSError, TimeoutError, FrameError) as e:
+            failed += 1
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from {to[0]}:{to[1]} within {within_s} s: "
+                                   f"{e}") from None
+            time.sleep(1.0)
+
+
 def summary(outcomes: Sequence[Outcome], duration_s: float) -> dict[str, Any]:
     """End-to-end latency (mean, p50, p95), each stage's own (mean) and its share of the
     end-to-end mean, requests answered a second, failures by reason."""
@@ -156,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds a request")
     p.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT)
+    p.add_argument("--ready-within", type=float, default=0.0, metavar="SECONDS",
+                   help="first wait this long at most for one request answered end to end")
     p.add_argument("--out", type=Path, default=None, help="also write the summary here")
     args = p.parse_args(argv)
+    if args.ready_within > 0:
+        print(f"ready after {wait_ready(args.to, args.ready_within)} failed tries", flush=True)
     times = arrivals(args.phase, args.burst, args.seed)
     duration = sum(phase.duration_s for phase in args.phase)
     outcomes = run(args.to, times, args.deadline, args.max_in_flight)
