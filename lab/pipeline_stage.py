@@ -55,16 +55,18 @@ def send_frame(sock: socket.socket, doc: dict[str, Any]) -> None:
     sock.sendall(_LENGTH.pack(len(body)) + body)
 
 
-def recv_frame(sock: socket.socket, deadline: float) -> dict[str, Any] | None:
+def recv_frame(sock: socket.socket, deadline: float, silence_s: float | None = None,
+               ) -> dict[str, Any] | None:
     """The next frame's JSON object; None if the peer closed before one began. Raises
-    FrameError for a bad one, TimeoutError past `deadline` (time.monotonic())."""
-    head = _recv_exactly(sock, _LENGTH.size, deadline, may_end=True)
+    FrameError for a bad one, TimeoutError past `deadline` (time.monotonic()) or after
+    `silence_s` without a byte."""
+    head = _recv_exactly(sock, _LENGTH.size, deadline, silence_s, may_end=True)
     if head is None:
         return None
     (length,) = _LENGTH.unpack(head)
     if length > MAX_FRAME:
         raise FrameError(f"a frame of {length} bytes, over {MAX_FRAME}")
-    body = _recv_exactly(sock, length, deadline, may_end=False)
+    body = _recv_exactly(sock, length, deadline, silence_s, may_end=False)
     assert body is not None
     try:
         doc = json.loads(body)
@@ -75,14 +77,14 @@ def recv_frame(sock: socket.socket, deadline: float) -> dict[str, Any] | None:
     return doc
 
 
-def _recv_exactly(sock: socket.socket, n: int, deadline: float,
+def _recv_exactly(sock: socket.socket, n: int, deadline: float, silence_s: float | None,
                   may_end: bool) -> bytes | None:
     data = bytearray()
     while len(data) < n:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
-        sock.settimeout(min(left, IO_TIMEOUT_S))
+        sock.settimeout(left if silence_s is None else min(left, silence_s))
         chunk = sock.recv(n - len(data))
         if not chunk:
             if may_end and not data:
@@ -200,7 +202,8 @@ class StageServer:
             with conn:
                 while not self._stopping.is_set():
                     try:
-                        doc = recv_frame(conn, time.monotonic() + IO_TIMEOUT_S)
+                        doc = recv_frame(conn, time.monotonic() + IO_TIMEOUT_S,
+                                         IO_TIMEOUT_S)
                         if doc is None:
                             return
                         rid = request_id(doc)
