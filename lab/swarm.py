@@ -553,9 +553,11 @@ class Swarm:
 
     # -- images and services -----------------------------------------------------------
 
-    def import_image(self, tag: str, files: Mapping[str, Path]) -> None:
-        """The image of `files` (path in the image: file here) as `tag` on every node."""
-        _each(self.nodes, lambda node: import_image(node.docker, tag, files))
+    def import_image(self, tag: str, files: Mapping[str, Path],
+                     links: Mapping[str, str] | None = None) -> None:
+        """The image of `files` (path in the image: file here) and symbolic `links` as
+        `tag` on every node."""
+        _each(self.nodes, lambda node: import_image(node.docker, tag, files, links))
 
     def create_service(self, name: str, image: str, command: Sequence[str], replicas: int = 1,
                        constraints: Iterable[str] = (), options: Iterable[str] = ()) -> str:
@@ -606,7 +608,12 @@ class Swarm:
                      timeout: float = START_TIMEOUT) -> dict[str, list[Task]]:
         """Wait until exactly `replicas` tasks run, placed as `where` wants; by node name."""
         def converged() -> dict[str, list[Task]] | None:
-            placed = self.running_tasks(service)
+            try:
+                placed = self.running_tasks(service)
+            except EngineError as e:  # a loaded manager's Raft store times out at times
+                if "DeadlineExceeded" not in str(e):
+                    raise
+                return None
             count = sum(map(len, placed.values()))
             return placed if count == replicas and where(placed) else None
 

@@ -1,0 +1,112 @@
+"""The lab pipeline on a lab Swarm (lab/swarm.py): five stage services (lab/pipeline_stage.py)
+on an overlay network of their own, declared a pipeline by their labels, and the load
+generator (lab/pipeline_load.py) as a one-shot service on the same network.
+
+    flow = PipelineFlow(swarm)                 # the image and the network
+    flow.create_stages(target="20s")           # framer -> detector -> ... -> uploader
+    summary = flow.run_load(out_dir, "60:1")   # its summary (pipeline_load.summary + outcomes)
+    flow.remove()
+
+No registry is reachable and the guest's Python is the host's, shared read-only: the image is
+the static busybox and the links /lib, /lib64, /bin into /usr, and each task bind-mounts
+/usr, this Python's installation and the repository, read-only, from the node (every node
+of the lab Swarm sees the guest's files). The services use DNS round robin
+(`--endpoint-mode dnsrr`): the engines run without iptables, which Swarm's virtual IPs need;
+each stage looks its next stage's name up at every request and picks one of its tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lab.guest.e2e import VOLUME
+from lab.shell import wait_for
+from lab.swarm import BUSYBOX, Swarm
+from lab.swarm_cluster import CONVERGE_S, REPO
+
+PYTHON_IMAGE = "lab/python:1"
+NETWORK = "dqoes-pipeline"
+PIPELINE = "video"
+STAGES = ("framer", "detector", "analyzer", "recognizer", "uploader")  # Darly's, as a chain
+PORT = 7000
+LOAD = "pipeline-load"
+
+
+class PipelineFlow:
+    def __init__(self, swarm: Swarm, stages: Sequence[str] = STAGES, model: str = "micro"
+                 ) -> None:
+        self.swarm = swarm
+        self.stages = tuple(stages)
+        self.model = model
+        swarm.import_image(PYTHON_IMAGE, {"busybox": BUSYBOX},
+                           {"lib": "usr/lib", "lib64": "usr/lib64", "bin": "usr/bin"})
+        swarm.docker("network", "create", "--driver", "overlay", NETWORK)
+
+    def _python(self, module: str, *args: str, options: Sequence[str] = ()) -> tuple[
+            list[str], list[str]]:
+        """The service options and command that run `python -m module args` in a task."""
+        prefix = Path(sys.base_prefix)
+        mounts = [f"type=bind,src={path},dst={path},readonly"
+                  for path in sorted({Path("/usr"), prefix, REPO})]
+        opts = [*(flag for m in mounts for flag in ("--mount", m)),
+                "--env", f"PYTHONPATH={REPO}", "--env", "PYTHONDONTWRITEBYTECODE=1",
+                "--env", "PYTHONUNBUFFERED=1", "--network", NETWORK,
+                "--endpoint-mode", "dnsrr", "--stop-grace-period", "0s", *options]
+        return opts, [str(prefix / "bin" / "python3"), "-m", module, *args]
+
+    def create_stages(self, target: str, options: Sequence[str] = ()) -> None:
+        """The stages as services of one replica each, a chain, the first with the
+        pipeline's end-to-end target (mean); each with a dqoes volume (its ring)."""
+        for i, name in enumerate(self.stages):
+            labels = ["--label", f"dqoes.pipeline={PIPELINE}", "--label", "dqoes.metric=mean"]
+            nexts: list[str] = []
+            if i + 1 < len(self.stages):
+                labels += ["--label", f"dqoes.next={self.stages[i + 1]}"]
+                nexts = ["--next", f"{self.stages[i + 1]}:{PORT}"]
+            if i == 0:
+                labels += ["--label", f"dqoes.pipeline.target={target}",
+                           "--label", "dqoes.pipeline.metric=mean"]
+            opts, command = self._python(
+                "lab.pipeline_stage", "--name", name, "--model", self.model,
+                "--port", str(PORT), *nexts,
+                options=[*labels, "--mount", VOLUME, "--update-order", "start-first",
+                         *options])
+            self.swarm.create_service(name, PYTHON_IMAGE, command, options=opts)
+        for name in self.stages:
+            self.swarm.wait_running(name, 1)
+
+    def run_load(self, out_dir: Path, *phases: str, seed: int = 0,
+                 ready_within_s: float = CONVERGE_S) -> dict[str, Any]:
+        """The load generator as a one-shot service sending to the first stage, once it
+        answers end to end; its summary once it wrote it (in `out_dir`)."""
+        out = out_dir / f"load-{seed}.json"
+        out.unlink(missing_ok=True)
+        opts, command = self._python(
+            "lab.pipeline_load", "--to", f"{self.stages[0]}:{PORT}",
+            *(arg for phase in phases for arg in ("--phase", phase)), "--seed", str(seed),
+            "--ready-within", str(ready_within_s), "--out", f"/results/{out.name}",
+            options=["--mount", f"type=bind,src={out_dir},dst=/results",
+                     "--restart-condition", "none"])
+        self.swarm.create_service(LOAD, PYTHON_IMAGE, command, options=opts)
+        duration = sum(float(phase.split(":")[0]) for phase in phases)
+        try:
+            wait_for(out.exists, ready_within_s + 4 * duration + CONVERGE_S,
+                     "the load generator's summary",
+                     lambda: self.swarm.docker("service", "ps", "--no-trunc", LOAD)
+                     + self.swarm.docker("service", "logs", "--raw", LOAD, timeout=120),
+                     every=5.0)
+        finally:
+            self.swarm.remove_service(LOAD)
+        doc: dict[str, Any] = json.loads(out.read_text())
+        return doc
+
+    def remove(self) -> None:
+        names = self.swarm.docker("service", "ls", "--format", "{{.Name}}").split()
+        gone = [name for name in (*self.stages, LOAD) if name in names]
+        if gone:
+            self.swarm.remove_service(*gone)
+        self.swarm.docker("network", "rm", NETWORK)
