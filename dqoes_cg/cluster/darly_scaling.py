@@ -49,6 +49,7 @@ from .darly import (
     move_source,
     reward,
 )
+from .scaling import busy
 from .view import Actions, ClusterView, NodeView, PipelineView, ServiceView
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,7 @@ class DarlyScaling:
 
     def _in_flight(self, sid: str, service: ServiceView, now: float) -> bool:
         """Swarm is carrying out an action on the stage, or its hold is not over."""
-        return service.updating or service.running != service.replicas or \
+        return busy(service) is not None or \
             now - self.acted.get(sid, -math.inf) < self.params.hold_s
 
     def _refused(self, service: ServiceView | None, sid: str, mine: _Pipeline,
@@ -340,8 +341,7 @@ class DarlyScaling:
             service = view.service(sid)
             if service is None:
                 self.steered.discard(sid)
-            elif not service.updating and service.running == service.replicas and \
-                    now - self.acted.get(sid, -math.inf) >= self.params.hold_s:
+            elif not self._in_flight(sid, service, now):
                 self.steered.discard(sid)
                 actions.release(sid)
 

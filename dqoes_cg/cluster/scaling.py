@@ -58,11 +58,12 @@ def _stages(view: ClusterView, pipeline: PipelineView) -> tuple[StageLoad, ...]:
         stages.append(StageLoad(st.service_id, st.name,
                                 service.replicas if service and service.mode == "replicated"
                                 else None, st.work_s, st.rate_hz, st.target_s, replica_cpus,
-                                room, _busy(service)))
+                                room, busy(service)))
     return tuple(stages)
 
 
-def _busy(service: ServiceView | None) -> str | None:
+def busy(service: ServiceView | None) -> str | None:
+    """Why Swarm is not done with the service (a scale or a move in flight), or None."""
     if service is None:
         return "not in Swarm's list"
     if service.updating:
