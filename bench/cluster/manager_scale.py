@@ -126,7 +126,8 @@ class SwarmPlan:
                               "Mode": {"Replicated": {"Replicas": len(self.nodes)}},
                               "UpdateConfig": {"Order": "start-first"}}}
                     for j, sid in enumerate(self.services)]
-        tasks = [{"ID": f"t{i:012d}{j:012d}", "ServiceID": sid, "NodeID": nid, "Slot": i + 1,
+        tasks = [{"ID": f"t{i:012d}{j:012d}", "Version": {"Index": 11}, "ServiceID": sid,
+                  "NodeID": nid, "Slot": i + 1,
                   "DesiredState": "running",
                   "Status": {"State": "running",
                              "ContainerStatus": {"ContainerID": self.container(i, j)}}}
