@@ -64,7 +64,7 @@ class SwarmService:
         return self.objective is not None or self.error is not None or bool(self.pipeline)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no __dict__: 100,000 of them at a time
 class SwarmTask:
     id: str
     service_id: str

@@ -206,6 +206,9 @@ class ClusterView:
     def tasks_on(self, node_id: str) -> list[TaskView]:
         return list(self._tasks_by_node.get(node_id, ()))
 
+    def tasks_of(self, service_id: str) -> list[TaskView]:
+        return list(self._tasks_by_service.get(service_id, ()))
+
     @cached_property
     def _nodes_by_id(self) -> dict[str, NodeView]:
         return {n.id: n for n in reversed(self.nodes)}  # the first of an ID wins
@@ -220,6 +223,13 @@ class ClusterView:
         for t in self.tasks:
             by_node.setdefault(t.node_id, []).append(t)
         return by_node
+
+    @cached_property
+    def _tasks_by_service(self) -> dict[str, list[TaskView]]:
+        by_service: dict[str, list[TaskView]] = {}
+        for t in self.tasks:
+            by_service.setdefault(t.service_id, []).append(t)
+        return by_service
 
     def satisfied(self) -> int:
         """|S|: the tasks in S on reachable nodes."""
