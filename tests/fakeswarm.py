@@ -6,7 +6,9 @@ control server on a unix socket)."""
 from __future__ import annotations
 
 import copy
+import json
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,16 @@ def task_doc(task_id: str, service_id: str, node_id: str, container_id: str, slo
             "Status": {"State": state, "ContainerStatus": {"ContainerID": container_id}}}
 
 
+def versioned(answer: Any) -> Any:
+    """The listing with each versioned object's Version.Index made of its content: as in
+    Swarm, it moves whenever a test changes the object."""
+    for doc in answer if isinstance(answer, list) else ():
+        if isinstance(doc, dict) and "Version" in doc:
+            doc["Version"] = {"Index": zlib.crc32(json.dumps(
+                {k: v for k, v in doc.items() if k != "Version"}, sort_keys=True).encode())}
+    return answer
+
+
 class StubEngine:
     """GET answers `docs[path]` (a copy), or the object of that ID in the listing (GET
     /services/ID: the one in docs["/services"]); `down` makes every call fail; POSTs are
@@ -70,7 +82,7 @@ class StubEngine:
                 self.posts.append((path, query, copy.deepcopy(body)))
                 return {}
             if path in self.docs:
-                return copy.deepcopy(self.docs[path])
+                return versioned(copy.deepcopy(self.docs[path]))
             kind, _, oid = path.rpartition("/")
             for doc in self.docs.get(kind, ()):  # one object: GET /services/ID
                 if doc["ID"] == oid:

@@ -7,7 +7,8 @@ nodes' agents reporting over real mutual TLS, on loopback.
 For each N of --nodes, a process runs the real manager (manager.py, server.py and the
 control socket of managerd.py) against a Swarm of N workers, --containers services of N
 replicas each (one task of each on every node), its API served from JSON documents as the
-engine answers them (so the manager decodes them every tick, as it does Docker's); the
+engine answers them, every object with its version (so the manager decodes what it reads,
+as it does Docker's answers); the
 manager recommends only (`--placement qoe --recommend`). This process runs N simulated
 agents as asyncio tasks, each with its own node certificate from one Swarm CA (the manager
 checks each as it checks Swarm's), each sending its node's report of its --containers
@@ -126,7 +127,8 @@ class SwarmPlan:
                               "Mode": {"Replicated": {"Replicas": len(self.nodes)}},
                               "UpdateConfig": {"Order": "start-first"}}}
                     for j, sid in enumerate(self.services)]
-        tasks = [{"ID": f"t{i:012d}{j:012d}", "ServiceID": sid, "NodeID": nid, "Slot": i + 1,
+        tasks = [{"ID": f"t{i:012d}{j:012d}", "Version": {"Index": 11}, "ServiceID": sid,
+                  "NodeID": nid, "Slot": i + 1,
                   "DesiredState": "running",
                   "Status": {"State": "running",
                              "ContainerStatus": {"ContainerID": self.container(i, j)}}}

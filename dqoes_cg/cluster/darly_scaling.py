@@ -169,8 +169,8 @@ class DarlyScaling:
         for st in p.stages:
             row = [0] * len(nodes)
             ratios = []
-            for t in view.tasks:
-                if t.service_id == st.service_id and t.state == "running":
+            for t in view.tasks_of(st.service_id):
+                if t.state == "running":
                     if t.node_id in index:
                         row[index[t.node_id]] += 1
                     if t.throttled is not None:
@@ -268,7 +268,7 @@ class DarlyScaling:
             actions.move_away(sid, source, f"pipeline {p.name}: darly moving a replica "
                                            f"({figures})")
             mine.undo = _Undo(sid, "move", source, frozenset(
-                t.node_id for t in view.tasks if t.service_id == sid and t.state == "running"))
+                t.node_id for t in view.tasks_of(sid) if t.state == "running"))
         self.acted[sid] = now
         mine.actions.append(now)
 
@@ -322,8 +322,8 @@ class DarlyScaling:
                 return
             actions.scale(undo.service_id, wanted, why)
         else:
-            now_on = {t.node_id for t in view.tasks
-                      if t.service_id == undo.service_id and t.state == "running"}
+            now_on = {t.node_id for t in view.tasks_of(undo.service_id)
+                      if t.state == "running"}
             arrived = sorted(now_on - undo.nodes)
             if len(arrived) != 1 or not _active(view.node(undo.source)) \
                     or not _active(view.node(arrived[0])):

@@ -1,7 +1,14 @@
 """The manager: the paper's QoE Analyst on Docker Swarm. It holds no state of its own: what
 it knows comes from Swarm (nodes, services and their labels, tasks: swarmapi.py), read
-again every tick, and from the reports of the nodes' agents (server.py), so a manager
-started again rebuilds the same view within a tick and a report interval.
+again every tick (the task list only when something may have changed it: SwarmReader), and
+from the reports of the nodes' agents (server.py), so a manager started again rebuilds the
+same view within a tick and a report interval.
+
+A tick's work follows what changed: what it derives from Swarm's snapshot (who owns each
+container, the view's order of the tasks, each node's labels) is worked out again only
+when the snapshot changed, and a node's tasks in the view only when its report, its
+reachability or the snapshot did. A report's work is in proportion to its containers,
+whatever the number of nodes.
 
 Every tick it reads Swarm, works out which service labels each node must have (the
 `dqoes.` labels of the services with a task on it, which the connection to that node sends
@@ -42,7 +49,7 @@ from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
 from .split import Split, settle, split
-from .swarmapi import Snapshot
+from .swarmapi import Snapshot, SwarmReader, SwarmTask
 from .view import (
     ClusterView,
     NodeView,
@@ -78,6 +85,47 @@ class NodeReports:
     unverified: dict[str, float] = field(default_factory=dict)  # container ID: first seen
     refused: int = 0
     logged: set[str] = field(default_factory=set)  # refused containers already logged
+
+
+@dataclass(eq=False)
+class SwarmIndex:
+    """What the view needs of a Swarm snapshot, worked out once per snapshot."""
+
+    snapshot: Snapshot
+    owners: dict[str, str]  # container ID -> the node its task is on
+    tasks: list[SwarmTask]  # of the services of ours, desired running, in the view's order
+    on_node: dict[str, list[int]]  # node ID ("": none yet) -> its tasks' places in `tasks`
+    of_service: dict[str, list[int]]  # service ID -> the same
+    running: Counter[str]  # service ID -> its tasks running
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> SwarmIndex:
+        def hostname(node_id: str) -> str:
+            node = snap.nodes.get(node_id)
+            return node.hostname if node else ""
+
+        ours = sorted((t for t in snap.tasks if t.desired_state == "running"
+                       and (s := snap.services.get(t.service_id)) and s.concerns_us),
+                      key=lambda t: (snap.services[t.service_id].name, t.slot or 0,
+                                     hostname(t.node_id)))
+        on_node: dict[str, list[int]] = defaultdict(list)
+        of_service: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(ours):
+            on_node[t.node_id].append(i)
+            of_service[t.service_id].append(i)
+        return cls(snap, snap.container_node(), ours, dict(on_node), dict(of_service),
+                   Counter(t.service_id for t in ours if t.state == "running"))
+
+
+@dataclass(eq=False)
+class NodeTasks:
+    """A node's tasks in the last view, and what they were made of."""
+
+    index: SwarmIndex
+    accepted: dict[str, ContainerReport] | None
+    why: str | None  # its reachability
+    views: list[TaskView]
+    classes: Counter[str]
 
 
 def judge(node_id: str, report: Report, owners: dict[str, str], unverified: dict[str, float],
@@ -117,8 +165,13 @@ class Manager:
         # (its why carries measured figures that move from tick to tick); oldest first.
         self._recommended: dict[Update, tuple[float, str]] = {}
         self._lock = threading.Lock()
+        self._swarm = SwarmReader(engine)
+        self._tasks_wanted = False  # a node reported a container Swarm's last list lacks
         self._snapshot = Snapshot()
+        self._index = SwarmIndex.of(self._snapshot)
         self._owners: dict[str, str] = {}
+        self._node_tasks: dict[str, NodeTasks] = {}  # the tick's own
+        self._pushed: tuple[SwarmIndex, dict[str, dict[str, str]]] | None = None
         self._swarm_error: str | None = "not read yet"
         self._nodes: dict[str, NodeReports] = {}
         self._pushes: dict[str, dict[str, dict[str, str]]] = {}  # node ID: its services
@@ -134,32 +187,41 @@ class Manager:
     def tick(self, now: float) -> ClusterView:
         """Read Swarm, work out each node's labels, build the view, run placement and
         the pipelines' scaler."""
+        with self._lock:
+            wanted, self._tasks_wanted = self._tasks_wanted, False
         try:
-            snapshot, error = swarmapi.read(self.engine), None
+            snapshot, error = self._swarm.read(now, wanted), None
         except EngineError as e:
             snapshot, error = None, str(e)
+        # Worked out of the lock (the reports wait for it): a snapshot of 100,000 tasks
+        # takes a second to index; only this thread changes self._index.
+        index = self._index if snapshot is None or snapshot is self._index.snapshot \
+            else SwarmIndex.of(snapshot)
         with self._lock:
+            self._tasks_wanted |= wanted and snapshot is None
             if error != self._swarm_error:
                 if error:
                     log.warning("Swarm's API: %s; keeping the last view of it", error)
                 elif self._swarm_error != "not read yet":
                     log.info("Swarm's API answers again")
             self._swarm_error = error
-            if snapshot is not None:
-                self._snapshot = snapshot
-                self._owners = snapshot.container_node()
-                self._declared(*declared(snapshot.services.values()))
+            if index is not self._index:
+                services_changed = index.snapshot.services is not self._snapshot.services
+                self._snapshot, self._index, self._owners = index.snapshot, index, index.owners
+                if services_changed:
+                    self._declared(*declared(self._snapshot.services.values()))
             # The view is built from a copy, outside the lock: the nodes' reports wait for
-            # the lock, and a build takes seconds at 1,000 nodes of 100 tasks.
-            snap, reported = self._snapshot, {nid: copy.copy(r)
-                                              for nid, r in self._nodes.items()}
-        view = self._build(snap, reported, error, now)
+            # the lock.
+            reported = {nid: copy.copy(r) for nid, r in self._nodes.items()}
+        view = self._build(index, reported, error, now)
         with self._lock:
             view = self._view = replace(
                 view, acting=self.acting,
                 recommended=() if self.acting else self._recommendations(),
-                pipelines=self._pipeline_views(view.tasks, now))
-            self._pushes = _pushes(self._snapshot, self._stage_labels())
+                pipelines=self._pipeline_views(view.tasks, index, now))
+            labels = self._stage_labels()
+            if self._pushed is None or self._pushed != (index, labels):
+                self._pushes, self._pushed = _pushes(self._snapshot, labels), (index, labels)
         if (self.placement is not None or self.scaling is not None) and snapshot is not None:
             actions = SwarmActions(view, now, self._quiet)
             for name, policy in (("placement", self.placement), ("scaling", self.scaling)):
@@ -240,6 +302,7 @@ class Manager:
                                                reports.unverified, now)
             reports.report, reports.received = report, now
             reports.accepted, reports.unverified = accepted, waiting
+            self._tasks_wanted |= bool(waiting)
             reports.refused += len(refused)
             name = self._name(node_id)
             for cid, why in refused:
@@ -257,31 +320,39 @@ class Manager:
 
     # --- the view ----------------------------------------------------------------------
 
-    def _build(self, snap: Snapshot, reported: dict[str, NodeReports], swarm_error: str | None,
-               now: float) -> ClusterView:
+    def _build(self, index: SwarmIndex, reported: dict[str, NodeReports],
+               swarm_error: str | None, now: float) -> ClusterView:
         """The cluster view from Swarm's snapshot and the nodes' reports (its `acting` and
-        `recommended` are the caller's to set)."""
+        `recommended` are the caller's to set). A node's tasks are made again only if its
+        report, its reachability or the snapshot changed since the last view."""
+        snap = index.snapshot
         reachable = {nid: self._reachability(snap.nodes[nid], reported.get(nid), now)
                      for nid in snap.nodes}
-        services = {sid: s for sid, s in snap.services.items() if s.concerns_us}
-        tasks = sorted((_task_view(snap, t, reachable, reported) for t in snap.tasks
-                        if t.service_id in services and t.desired_state == "running"),
-                       key=lambda t: (t.service, t.slot or 0, t.node))
-        # Counted in one pass over the tasks: per node or per service, a pass each would
-        # cost nodes x tasks (10^8 steps a tick at 1,000 nodes of 100 tasks).
-        classes: dict[str, Counter[str]] = defaultdict(Counter)
-        running: Counter[str] = Counter()
-        for t in tasks:
-            classes[t.node_id][t.cls] += 1
-            running[t.service_id] += t.state == "running"
+        tasks: list[TaskView] = [None] * len(index.tasks)  # type: ignore[list-item]
+        node_tasks = {}
+        for node_id, places in index.on_node.items():
+            reports = reported.get(node_id)
+            accepted = reports.accepted if reports else None
+            why = reachable.get(node_id, "not placed on a node yet")
+            made = self._node_tasks.get(node_id)
+            if made is None or made.index is not index or made.accepted is not accepted \
+                    or made.why != why:
+                views = [_task_view(snap, index.tasks[i], why, accepted) for i in places]
+                made = NodeTasks(index, accepted, why, views, Counter(t.cls for t in views))
+            node_tasks[node_id] = made
+            for i, view in zip(places, made.views, strict=True):
+                tasks[i] = view
+        self._node_tasks = node_tasks
         nodes = [_node_view(n, reachable[n.id], reported.get(n.id) or NodeReports(),
-                            classes[n.id], now)
+                            node_tasks[n.id].classes if n.id in node_tasks else Counter(),
+                            now)
                  for n in sorted(snap.nodes.values(), key=lambda n: n.hostname)]
+        services = [s for s in snap.services.values() if s.concerns_us]
         service_views = [ServiceView(
-            s.id, s.name, s.mode, s.replicas, running[s.id],
+            s.id, s.name, s.mode, s.replicas, index.running[s.id],
             s.objective.target_s if s.objective else None,
             s.objective.metric if s.objective else None, s.error, s.updating, s.start_first,
-            s.avoid) for s in sorted(services.values(), key=lambda s: s.name)]
+            s.avoid) for s in sorted(services, key=lambda s: s.name)]
         return ClusterView(time.time(), self.node_id, swarm_error, nodes, service_views,
                            tasks)
 
@@ -295,17 +366,15 @@ class Manager:
         self._pipelines, self._refused = pipelines, refused
         self._splits = {p: made for p, made in self._splits.items() if p in pipelines}
 
-    def _pipeline_views(self, tasks: list[TaskView], now: float
+    def _pipeline_views(self, tasks: list[TaskView], index: SwarmIndex, now: float
                         ) -> tuple[PipelineView, ...]:
         """(Under the lock.) Each pipeline's split, made again from its stages' measurements
         every RESPLIT_S (and held while no share moves by more than split.HYSTERESIS), and
         its view."""
         views = []
-        by_service: dict[str, list[TaskView]] = {}
-        for t in tasks:
-            by_service.setdefault(t.service_id, []).append(t)
         for p in self._pipelines:
-            of_stage = [by_service.get(st.service_id, []) for st in p.stages]
+            of_stage = [[tasks[i] for i in index.of_service.get(st.service_id, ())]
+                        for st in p.stages]
             measures = [stage_measurements(ts) for ts in of_stage]
             replicas = [sum(1 for t in ts if t.state == "running") for ts in of_stage]
             made, held = self._splits.get(p, (-math.inf, None))
@@ -362,12 +431,11 @@ class Manager:
 
 
 
-def _task_view(snap: Snapshot, t: swarmapi.SwarmTask, reachable: dict[str, str | None],
-               reported: dict[str, NodeReports]) -> TaskView:
+def _task_view(snap: Snapshot, t: SwarmTask, why: str | None,
+               accepted: dict[str, ContainerReport] | None) -> TaskView:
+    """The task as its node reported it (`why`: its node's reachability)."""
     node = snap.nodes.get(t.node_id)
-    why = reachable.get(t.node_id, "not placed on a node yet")
-    reports = reported.get(t.node_id)
-    c = reports.accepted.get(t.container_id) if reports and why is None else None
+    c = accepted.get(t.container_id) if accepted is not None and why is None else None
     if c is None and why is None:
         why = "no container yet" if not t.container_id else "not reported by its node"
     return TaskView(

@@ -38,7 +38,7 @@ def _stages(view: ClusterView, pipeline: PipelineView) -> tuple[StageLoad, ...]:
     stages = []
     for st in pipeline.stages:
         service = view.service(st.service_id)
-        tasks = [t for t in view.tasks if t.service_id == st.service_id]
+        tasks = view.tasks_of(st.service_id)
         on_node: dict[str, list[float | None]] = defaultdict(list)
         for t in tasks:
             if t.state == "running" and t.node_id:

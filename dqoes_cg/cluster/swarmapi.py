@@ -2,6 +2,11 @@
 through the Engine API (engine.py) into small typed records, and the writes the cluster
 makes: a service's placement constraints and replicas, a node's availability.
 
+SwarmReader reads it tick after tick doing the work of what changed only: the task list
+(every task of every service: nodes x tasks a node) is read again only when something may
+have changed it, and an object whose version (Swarm's Version.Index) is the one read before
+is not parsed again.
+
 What Swarm answers was written by whoever created the services (names, labels): it is kept
 bounded and judged where it is used (membership/labels.py); an entry that is not what Swarm's API
 documents is skipped.
@@ -10,6 +15,8 @@ documents is skipped.
 from __future__ import annotations
 
 import logging
+import math
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +31,7 @@ AVOID_LABEL = "dqoes-cluster.avoid"  # a service label: the node IDs the manager
 AVOID_CONSTRAINT = "node.id!={}"
 PAUSED_LABEL = "dqoes-cluster.paused"  # a node label: placement paused it (not an operator)
 UPDATE_ATTEMPTS = 3  # a service update that raced another one is tried again
+TASKS_REFRESH_S = 15.0  # the task list is read at least so often
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,7 @@ class SwarmService:
         return self.objective is not None or self.error is not None or bool(self.pipeline)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no __dict__: 100,000 of them at a time
 class SwarmTask:
     id: str
     service_id: str
@@ -82,12 +90,87 @@ class Snapshot:
 
 def read(engine: Engine) -> Snapshot:
     """Swarm now; EngineError if the engine does not answer or is no Swarm manager."""
-    nodes = [parse_node(doc) for doc in _listing(engine, "/nodes")]
-    services = [parse_service(doc) for doc in _listing(engine, "/services")]
-    tasks = [parse_task(doc) for doc in _listing(engine, "/tasks")]
-    return Snapshot({n.id: n for n in nodes if n is not None},
-                    {s.id: s for s in services if s is not None},
-                    [t for t in tasks if t is not None])
+    return SwarmReader(engine).read(0.0)
+
+
+class SwarmReader:
+    """Swarm's snapshot, read again on each `read` with the work of what changed: nodes and
+    services are listed every time (a document each); the task list only when something
+    may have changed it: a node or a service was added, removed or changed (its version),
+    the caller asks (`tasks_wanted`: a node reported a container the last list lacks), a
+    service of ours is converging (updating, or running another number of tasks than it
+    asks for: a move, a scale, a task starting), or TASKS_REFRESH_S passed. (Swarm emits no
+    event for a task.) An object whose version is the one parsed before is not parsed
+    again; documents without a version (an older engine) are parsed, and the task list
+    read, every time. While nothing changed, `read` returns the same Snapshot object."""
+
+    def __init__(self, engine: Engine, refresh_s: float = TASKS_REFRESH_S) -> None:
+        self.engine = engine
+        self.refresh_s = refresh_s
+        self.snapshot = Snapshot()
+        self._parsed: dict[str, dict[str, tuple[int | None, Any]]] = {
+            "/nodes": {}, "/services": {}, "/tasks": {}}
+        self._versioned: dict[str, bool] = {"/tasks": False}
+        self._tasks_read_at = -math.inf
+        self._converging = True
+
+    def read(self, now: float, tasks_wanted: bool = False) -> Snapshot:
+        """Swarm now (`now`: monotonic); EngineError if the engine does not answer or is no
+        Swarm manager (nothing read is kept then)."""
+        nodes, nodes_changed = self._list("/nodes", parse_node)
+        services, services_changed = self._list("/services", parse_service)
+        before = self.snapshot
+        tasks, tasks_changed = before.tasks, False
+        if (nodes_changed or services_changed or tasks_wanted or self._converging
+                or not self._versioned["/tasks"] or now - self._tasks_read_at >= self.refresh_s):
+            by_id, tasks_changed = self._list("/tasks", parse_task)
+            tasks = list(by_id.values()) if tasks_changed else before.tasks
+            self._tasks_read_at = now
+        if nodes_changed or services_changed or tasks_changed:
+            self.snapshot = Snapshot(nodes if nodes_changed else before.nodes,
+                                     services if services_changed else before.services,
+                                     tasks)
+            self._converging = converging(self.snapshot)
+        return self.snapshot
+
+    def _list(self, path: str, parse: Callable[[Any], Any]) -> tuple[dict[str, Any], bool]:
+        """The listing's objects by ID, parsed again only where their version moved; and
+        whether they differ from the last listing's."""
+        parsed, fresh = self._parsed[path], {}
+        changed, versioned = False, True
+        for doc in _listing(self.engine, path):
+            version, oid = _version(doc), doc.get("ID") if isinstance(doc, dict) else None
+            known = parsed.get(oid) if version is not None and isinstance(oid, str) else None
+            if known is not None and known[0] == version:
+                fresh[known[1].id] = known
+                continue
+            versioned &= version is not None
+            item = parse(doc)
+            if item is not None:
+                fresh[item.id] = (version, item)
+                changed = True
+        self._parsed[path] = fresh
+        self._versioned[path] = versioned
+        return {oid: item for oid, (_, item) in fresh.items()}, \
+            changed or len(fresh) != len(parsed)
+
+
+def converging(snapshot: Snapshot) -> bool:
+    """Whether Swarm is still changing a service of ours: rolling an update through it, or
+    running another number of its tasks than it asks for."""
+    running = Counter(t.service_id for t in snapshot.tasks
+                      if t.state == "running" and t.desired_state == "running")
+    return any(s.updating or (s.replicas is not None and running[s.id] != s.replicas)
+               for s in snapshot.services.values() if s.concerns_us)
+
+
+def _version(doc: Any) -> int | None:
+    """An object's Version.Index, if it has one."""
+    try:
+        index = doc["Version"]["Index"]
+    except (KeyError, TypeError):
+        return None
+    return index if isinstance(index, int) else None
 
 
 def _listing(engine: Engine, path: str) -> list[Any]:
