@@ -26,6 +26,7 @@ from bench.cluster.darly import (
 )
 from bench.cluster.pipeline_env import PipelineEnv
 from dqoes_cg.cluster.darly import (
+    K1,
     K2,
     QUOTIENT_CAP,
     Action,
@@ -96,7 +97,7 @@ def test_weights_are_saved_loaded_and_checked(tmp_path: Path) -> None:
 
 def test_eq1_prefers_fewer_nodes_and_replicas_under_the_constraint() -> None:
     assert reward(0.5, 1.0, servers=2, replicas=5, nodes=4, stages=5) == pytest.approx(
-        4 / 2 + 5 / 5 + 0.5)
+        4 / 2 + 5 / 5 + 0.5 * K1)
     assert reward(0.5, 1.0, 1, 5, 4, 5) > reward(0.5, 1.0, 2, 5, 4, 5) \
         > reward(0.5, 1.0, 2, 6, 4, 5)
     assert reward(1.5, 1.0, 1, 5, 4, 5) < 0 < reward(1.0, 1.0, 4, 30, 4, 5)

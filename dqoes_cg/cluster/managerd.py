@@ -165,15 +165,32 @@ def _scaling(args: argparse.Namespace, scaler: ScalerParams
     return ModelScaling(scaler) if args.scaler == "model" else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, its placement's and scaler's parameters checked (exits on a bad
+    one, as argparse does)."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        params = PlacementParams(settle_s=args.settle, hold_s=args.hold,
-                                 max_moves_per_minute=args.max_moves_per_minute)
-        scaler = ScalerParams(max_actions_per_minute=args.max_scales_per_minute)
+        args.placement_params = PlacementParams(
+            settle_s=args.settle, hold_s=args.hold,
+            max_moves_per_minute=args.max_moves_per_minute)
+        args.scaler_params = ScalerParams(max_actions_per_minute=args.max_scales_per_minute)
     except ValueError as e:
         parser.error(str(e))
+    return args
+
+
+def manager_of(args: argparse.Namespace, engine: Engine, node_id: str) -> Manager:
+    """The manager the command line (`parse`) asks for, following Swarm through `engine`,
+    a manager node's."""
+    return Manager(engine, node_id, args.node_timeout,
+                   PLACEMENTS[args.placement](args.placement_params) if args.placement
+                   else None,
+                   acting=not args.recommend, scaling=_scaling(args, args.scaler_params))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     stopping = startup.start(args.verbose, log)
     engine = Engine(args.engine_socket)
     try:
@@ -184,10 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         listen = parse_listen(args.listen, address)
         credentials = Credentials(args.certs) if args.certs else \
             Credentials.of_data_root(data_root)
-        manager = Manager(engine, node_id, args.node_timeout,
-                          PLACEMENTS[args.placement](params) if args.placement else None,
-                          acting=not args.recommend,
-                          scaling=_scaling(args, scaler))
+        manager = manager_of(args, engine, node_id)
         manager.tick(time.monotonic())
         server = Server(manager, credentials, swarm_id, listen)
     except (EngineError, ValueError, IdentityError, OSError) as e:
