@@ -348,7 +348,9 @@ for t in threads: t.join()
 def test_concurrent_c_and_python_producers_lose_nothing_below_overrun(
         tmp_path: Path, producer: Path) -> None:
     """Two C processes of two threads and a Python process of two threads write at full
-    speed while the reader drains: every record is read exactly once."""
+    speed while the reader drains: every record is read exactly once, but for those of a
+    producer preempted over 100 ms between claim and publish, which the reader gives up on
+    and counts as torn (docs/ring-format.md; a loaded host does that now and then)."""
     path = ring_path(tmp_path, "busy")
     c_records, py_records = 150_000, 20_000  # per thread
     with RingSet([path], 1 << 20) as rings:
@@ -375,8 +377,10 @@ def test_concurrent_c_and_python_producers_lose_nothing_below_overrun(
     assert codes == [0, 0, 0]
     assert any(len(part) for part in seen[:-1])  # the reader drained while they wrote
     got = np.sort(np.concatenate(seen)["latency_ns"])
-    np.testing.assert_array_equal(got, np.arange(1, 4 * c_records + 2 * py_records + 1))
-    assert rings.lost_overrun[0] == 0 and rings.torn[0] == 0 and rings.invalid[0] == 0
+    written = np.arange(1, 4 * c_records + 2 * py_records + 1)
+    assert len(np.unique(got)) == len(got) and np.isin(got, written).all()
+    assert len(written) - len(got) == rings.torn[0] <= len(written) // 1000  # stalls are rare
+    assert rings.lost_overrun[0] == 0 and rings.invalid[0] == 0
 
 
 def test_overrunning_producers_never_make_up_records(tmp_path: Path, producer: Path) -> None:
