@@ -238,6 +238,8 @@ STEADY = 0.10  # ... of those whose usage held within 10% (in logs) of the last 
 QUEUE_PRIOR = 1.0  # K of an open-loop service before it is measured (M/M/1's)
 QUEUE_RANGE = (0.25, 8.0)  # the values of K believed
 QUEUE_GAIN = 0.2  # the least smoothing gain of log K (the gain of log work if more)
+DELIVERED_GAIN = 0.3  # the smoothing gain of the log of the share of its cap a worker got
+DELIVERED_MIN = 0.7  # ... believed down to this share
 QUEUE_RHO = (0.15, 0.95)  # K is measured in windows whose busy fraction is in this range
 RHO_FLOOR = 0.95  # an open-loop service is never capped above this busy fraction
 _TIE = 1e-12  # per slot, so that equal costs are admitted in slot order
@@ -262,13 +264,14 @@ class Memory:
     in_flight: FloatArray  # its mean number of requests in flight in its last window
     usage: FloatArray  # its usage in its last window
     log_queue: FloatArray  # log K_i, its queueing factor (open loop); NaN: not measured
+    log_delivered: FloatArray  # log of the share of its cap a worker bound by it gets
 
     @classmethod
     def sized(cls, n: int) -> Memory:
         return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n),
                    np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, bool),
                    np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool), np.zeros(n),
-                   np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
+                   np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.zeros(n))
 
     def carried(self, n: int, carried: IndexArray | None) -> Memory:
         """The memory of n new slots: slot i takes what old slot carried[i] had (-1: new)."""
@@ -314,6 +317,7 @@ class Scratch:
     knee: FloatArray  # an open-loop service's share at RHO_MAX
     base: FloatArray  # what each known container keeps at least: the floor, or its arrivals
     usable: FloatArray  # m_i, T_R where unknown
+    delivered: FloatArray  # the share of its cap each gets (1: all of it)
     cost: FloatArray
     top: FloatArray
     head: FloatArray
@@ -452,6 +456,7 @@ def learn_into(obs: Observation, span: float, valid: BoolArray, mem: Memory,
     if obs.rate is not None:
         queue_into(obs, est, mem, s)
     usable_into(obs, est, mem, s)
+    delivered_into(obs, est, mem, s)
 
 
 def open_loop_into(obs: Observation, span: float, est: BoolArray, fresh: BoolArray,
@@ -639,6 +644,33 @@ def usable_into(obs: Observation, est: BoolArray, mem: Memory, s: Scratch) -> No
     np.putmask(mem.usable, s.mask, usage)
 
 
+def delivered_into(obs: Observation, est: BoolArray, mem: Memory, s: Scratch) -> None:
+    """The share of its cap that a back-to-back worker bound by it got (usage / cap, between
+    DELIVERED_MIN and 1), smoothed in logs: capped, its cap under (1 - SLACK) of what its
+    threads can use, and not held back by them (s.under). Caps that fill the node are
+    not all delivered: CFS places single-threaded tasks by count, not by cap, and the
+    largest caps lose most (bench/results/packing.md: 0.86-0.88 of the largest of five on
+    two CPUs). Only in a window whose caps were guarantees: every slot capped, within the
+    budget (an unlimited newcomer takes what it can). Uses s.y and s.slack."""
+    if not np.isfinite(obs.limit, out=s.mask).all() or float(obs.limit.sum()) > T_R * (1 + 1e-9):
+        return
+    bound = s.slack
+    np.fmin(mem.usable, T_R, out=s.y)  # NaN (unknown): T_R
+    np.multiply(s.y, 1.0 - SLACK, out=s.y)
+    np.less_equal(s.cap, s.y, out=bound)
+    np.logical_and(bound, np.isfinite(obs.limit, out=s.mask), out=bound)
+    np.greater(bound, s.under, out=bound)
+    np.greater(bound, mem.open, out=bound)
+    np.logical_and(bound, est, out=bound)
+    np.divide(obs.usage, s.cap, out=s.y)
+    np.clip(s.y, DELIVERED_MIN, 1.0, out=s.y)
+    np.log(s.y, out=s.y)
+    np.subtract(s.y, mem.log_delivered, out=s.y)
+    np.multiply(s.y, DELIVERED_GAIN, out=s.y)
+    np.add(mem.log_delivered, s.y, out=mem.log_delivered, where=bound)
+    np.putmask(mem.log_delivered, mem.open, 0.0)
+
+
 def service_time_into(out: FloatArray, latency: FloatArray, s: Scratch) -> None:
     """The service time x at which a server with arrivals s.lam and queueing factor s.z (K)
     has the mean latency L = `latency`: x (1 + K rho / (1 - rho)) = L with rho = lam x, the
@@ -718,7 +750,12 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.multiply(s.knee, 1.0 / RHO_MAX, out=s.knee)
     np.maximum(s.lean, s.knee, out=s.lean)
     np.maximum(s.comfy, s.lean, out=s.comfy)
-    np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
+    # A worker's caps deliver what it needs despite the packing shortfall it measured.
+    np.exp(mem.log_delivered, out=s.delivered)
+    np.divide(s.lean, s.delivered, out=s.lean)
+    np.divide(s.comfy, s.delivered, out=s.comfy)
+    np.divide(mem.usable, s.delivered, out=s.usable)
+    np.fmin(s.usable, T_R, out=s.usable)  # NaN (unknown): T_R
     # An admitted container is held at its need (lean), under its base if that is where its
     # band is: its cost beyond the base, lean - base, is negative there (it frees budget).
     # admissible: lean ≤ m.
