@@ -140,7 +140,8 @@ def judge(scenario: Scenario, seed: int, setting: Setting) -> list[dict[str, Any
                       setting.conditions)
     packing, scatter = setting.conditions.packing, setting.unknown_scatter
     for mode, caps in ((HELD, lambda node: oracle_caps(node, curves)),
-                       (HELD_REAL, lambda node: real_caps(node, curves, scatter, packing))):
+                       (HELD_REAL, lambda node: real_caps(node, curves, scatter, packing,
+                                                          window=WINDOW_S))):
         runs[mode] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S,
                                setting.noise, seed, setting.conditions, held=(mode, caps))
     judged = {mode: phase_outcomes(run, curves, bound=False) for mode, run in runs.items()}
@@ -153,7 +154,7 @@ def judge(scenario: Scenario, seed: int, setting: Setting) -> list[dict[str, Any
                                "oracle": ph.oracle, "speed": speeds,
                                "real_oracle": [real_oracle(
                                    node, curves, scatter, at=(ph.start + ph.end) / 2,
-                                   speed=speed, packing=packing)
+                                   speed=speed, packing=packing, window=WINDOW_S)
                                    for node, speed in zip(nodes, speeds, strict=True)],
                                "modes": {}}
         for mode, phases in judged.items():
@@ -252,7 +253,8 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setti
              "(median over its tail) per node against two oracles per node: the real oracle "
              "(analysis.real_oracle: the oracle at the node's speed in the tail's median "
              "window, its caps packed, and at most the next whole number above noisy_bound "
-             f"at the scatter no controller can know, {setting.unknown_scatter:.3f}), and "
+             f"at the scatter no controller can know, {setting.unknown_scatter:.3f}, a "
+             f"service's as its {WINDOW_S:g} s windows show it: analysis.windows_seen), and "
              f"the nominal oracle (nominal needs, no drift, packing or noise). '{HELD}': the "
              "nominal oracle's own allocation held as caps under the same conditions (no "
              f"policy); '{HELD_REAL}': the real oracle's (analysis.real_caps: its count, "
