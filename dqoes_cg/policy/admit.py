@@ -146,6 +146,14 @@ is negative), at a cap under the floor. What nobody can use stays unallocated.
 container gets its cap whatever the others do. That ends the competition of capped B
 containers under CFS, where caps above the fair share do not bind.
 
+Almost whatever: caps that fill the node are not all delivered to single-threaded workers
+(CFS places tasks by count, not by cap; the largest caps lose most: bench/results/packing.md).
+A back-to-back worker bound by its cap (capped under what its threads can use, not held
+back by them, in a window whose caps were all set and within the budget) measures the share
+of its cap it got, usage / cap, smoothed in logs (DELIVERED_GAIN, believed down to
+DELIVERED_MIN); its lean and middle shares and its usable maximum are divided by it, so its
+cap, and its cost in the admission, are what deliver its need.
+
 Readings and choices
 --------------------
 - Classes (G, S, B, idle) and q_i = o_i - p_i are DQoES's (classify_into), for status; they
