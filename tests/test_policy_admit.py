@@ -13,13 +13,18 @@ from hypothesis import strategies as st
 
 from dqoes_cg.policy import POLICIES, RHO_MAX, Cls, Observation, PolicyParams, make_policy
 from dqoes_cg.policy.admit import (
+    ARRIVALS_Z,
     INCUMBENT,
     MARGIN_MIN,
+    MARGIN_Z,
     PROBE,
     RHO_FLOOR,
     WANT_PRESSURE,
     Admit,
+    Memory,
+    NodeSpeed,
     Scratch,
+    shares_into,
     water_level,
 )
 from tests.policy_checks import assert_decides_without_allocating
@@ -554,6 +559,28 @@ def test_an_open_loop_service_that_cannot_be_admitted_keeps_what_its_arrivals_ne
     assert pol._mem.admitted.tolist() == [True, True, False, False]
     assert (node.limit[:3] >= 0.08 / RHO_FLOOR - 1e-9).all()
     assert node.limit.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("count", "scatter"), [(16.0, 0.2), (16.0, 0.0), (1e6, 0.2),
+                                               (0.0, 0.2)])
+def test_a_services_base_combines_its_rates_and_its_works_errors_in_quadrature(
+        count: float, scatter: float):
+    # Seen in the simulator under real conditions: a service's base stacked its rate's two
+    # standard errors (16 requests: +50%) on its work's whole scatter (2 x 0.2 in logs:
+    # +49%), x2.24, and held it over its need beside containers the oracle admits. The two
+    # errors are independent: e^√(ln(1.5)² + 0.4²) = x1.77. Either alone is margin enough;
+    # none counted, the work's.
+    mem, s = Memory.sized(1), Scratch.sized(1)
+    mem.log_work[0], mem.log_var[0] = math.log(0.004), scatter**2
+    mem.open[0], mem.arrived[0], mem.arrival_time[0] = True, count, 8.0
+    s.known[0] = True
+    shares_into(np.array([0.05]), ALPHA, 0.0, mem, NodeSpeed(), s)
+    rate = math.log1p(ARRIVALS_Z / math.sqrt(count)) if count else 0.0
+    work = max(MARGIN_Z * scatter, MARGIN_MIN)
+    need = count / 8.0 * 0.004 / RHO_FLOOR
+    assert s.base[0] == pytest.approx(need * math.exp(math.hypot(rate, work)))
+    if count == 16.0 and scatter:
+        assert s.base[0] == pytest.approx(need * 1.77, rel=0.01)
 
 
 def test_a_loose_target_holds_an_open_loop_service_at_its_knee_and_counts_it_in_s():

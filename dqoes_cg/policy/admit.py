@@ -77,8 +77,9 @@ it may hold in S.
 The knee: an open-loop service is never aimed busier than RHO_MAX of its cap (lean_i is at
 least lambda work e^mu / RHO_MAX), where its latency rises as 1/(1 - rho) and a few percent
 more work or arrivals take it far out of its band. None is capped busier than RHO_FLOOR: its
-base b_i = max(f, lambda_hi work e^mu / RHO_FLOOR), lambda_hi two standard errors of its
-request count above its rate, replaces the floor below. An open-loop service faster than its
+base b_i = max(f, lambda work e^m / RHO_FLOOR), m = √(ln(1 + 2/√N)² + mu²) the margins of
+its rate (two standard errors of its request count N) and of its work (mu uncapped) in
+quadrature, replaces the floor below. An open-loop service faster than its
 band is classed S: its users wait no longer than its target allows, and the CPU it holds
 beyond its need is what the admission charges it (README, "What satisfied means").
 
@@ -712,25 +713,30 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.sqrt(margin, out=margin)
     np.multiply(margin, MARGIN_Z, out=margin)
     np.maximum(margin, MARGIN_MIN, out=margin)
-    np.exp(margin, out=s.aim)  # the base's margin, uncapped: a band's width is no bound there
-    np.minimum(margin, math.atanh(alpha), out=margin)
-    np.exp(margin, out=margin)  # e^mu from here on
     # An open-loop service's arrivals; none for a back-to-back worker, whose x is then L.
     # Its base (what it keeps unadmitted) is its arrivals' need at RHO_FLOOR, past which a
-    # few percent more work or arrivals take its queue far past its target: for a rate
-    # ARRIVALS_Z standard errors above its count, (N + z √N) / T, and its work with its
-    # whole scatter (a window of a few requests measures it coarsely).
+    # few percent more work or arrivals take its queue far past its target, with a margin
+    # for the two errors of that product, independent and so in quadrature (added, they
+    # kept services under the real oracle): its rate's, ARRIVALS_Z standard errors of its
+    # count N, ln(1 + z / √N), and its work's whole scatter (mu uncapped: a band's width is
+    # no bound there; a window of a few requests measures it coarsely).
+    np.sqrt(mem.arrived, out=s.aim)
+    np.greater(mem.arrived, 0.0, out=s.mask)
+    np.divide(ARRIVALS_Z, s.aim, out=s.aim, where=s.mask)  # none counted: no error
+    np.log1p(s.aim, out=s.aim)
+    np.square(s.aim, out=s.aim)
+    np.square(margin, out=s.x)
+    np.add(s.aim, s.x, out=s.aim)
+    np.sqrt(s.aim, out=s.aim)
+    np.exp(s.aim, out=s.aim)
+    np.minimum(margin, math.atanh(alpha), out=margin)
+    np.exp(margin, out=margin)  # e^mu from here on
     np.divide(mem.arrived, mem.arrival_time, out=s.lam)
     np.putmask(s.lam, np.logical_not(mem.open, out=s.mask), 0.0)
     np.putmask(s.lam, np.isnan(s.lam, out=s.mask), 0.0)
-    np.sqrt(mem.arrived, out=s.base)
-    np.multiply(s.base, ARRIVALS_Z, out=s.base)
-    np.divide(s.base, mem.arrival_time, out=s.base)
+    np.multiply(s.lam, s.aim, out=s.base)
     np.putmask(s.base, np.isnan(s.base, out=s.mask), 0.0)
-    np.putmask(s.base, np.logical_not(mem.open, out=s.mask), 0.0)
-    np.add(s.base, s.lam, out=s.base)
     np.multiply(s.base, s.work, out=s.base)
-    np.multiply(s.base, s.aim, out=s.base)
     np.multiply(s.base, 1.0 / RHO_FLOOR, out=s.base)
     np.maximum(s.base, floor, out=s.base)
     np.multiply(s.work, margin, out=s.top)  # the work with its margin
