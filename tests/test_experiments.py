@@ -30,6 +30,7 @@ from bench.experiments.analysis import (
     phases,
     real_caps,
     real_oracle,
+    windows_seen,
 )
 from bench.experiments.runs import HELD
 from bench.experiments.scenarios import (
@@ -302,6 +303,26 @@ def test_the_real_oracle_counts_the_speed_the_packing_and_the_unknown_scatter() 
     ten = Node(2.0, tuple(Container(f"c{i}", "tiny", SOLO / 0.15) for i in range(10)))
     assert oracle(ten, curves) == 10
     assert real_oracle(ten, curves, 0.1) == math.ceil(noisy_bound(ten, curves, 0.1)) < 10
+
+
+def test_a_service_is_seen_in_s_only_in_windows_its_requests_show_it() -> None:
+    # A service of 0.25 requests a second has none completed in e^-1.25 = 29% of 5 s windows
+    # (idle for every controller), however fast it is served.
+    fast = windows_seen(0.25, np.array([0.01, 0.1]), 1.0, 5.0, 0.05)
+    assert fast == pytest.approx([1 - math.exp(-1.25)] * 2, abs=0.05)
+    # Busy, its window means scatter with the queue's chance: at the service time where its
+    # M/D/1 mean is its limit, far fewer than all windows are under it; far faster, all.
+    rate, x = 3.0, 0.2  # rho 0.6: mean latency 0.2 (1 + 0.6 / 0.8) = 0.35
+    at_mean, faster = windows_seen(rate, np.array([x, x / 4]), 0.35, 5.0, 0.05)
+    assert 0.3 < at_mean < 0.8 and faster > 0.99
+    # ... and the real oracle counts it so: one such service alone is in S in the median
+    # window when held fast enough, whatever its window; two at 0.25 a second are not both.
+    curves = {"tiny": Curve(SOLO)}
+    rare = Node(2.0, tuple(Container(f"s{i}", "tiny", 100 * SOLO, rate=0.25) for i in range(2)))
+    assert real_oracle(rare, curves, 0.05) == 2
+    assert real_oracle(rare, curves, 0.05, window=5.0) == 2  # ceil(2 x 0.71)
+    assert noisy_bound(rare, curves, 0.05, window=5.0) == pytest.approx(
+        2 * (1 - math.exp(-1.25)), abs=0.15)
 
 
 def test_the_real_oracles_allocation_fits_once_packed_and_aims_inside_the_band() -> None:

@@ -13,13 +13,18 @@ from hypothesis import strategies as st
 
 from dqoes_cg.policy import POLICIES, RHO_MAX, Cls, Observation, PolicyParams, make_policy
 from dqoes_cg.policy.admit import (
+    ARRIVALS_Z,
     INCUMBENT,
     MARGIN_MIN,
+    MARGIN_Z,
     PROBE,
     RHO_FLOOR,
     WANT_PRESSURE,
     Admit,
+    Memory,
+    NodeSpeed,
     Scratch,
+    shares_into,
     water_level,
 )
 from tests.policy_checks import assert_decides_without_allocating
@@ -44,21 +49,27 @@ def policy(n: int) -> Admit:
 class Fluid:
     """Busy workers of work w_i (share-seconds per request) behind caps that add up to at
     most the budget: each gets min(cap, what it can use); unlimited ones share the rest
-    evenly (enough for these tests)."""
+    evenly (enough for these tests). A capped one gets the fraction `delivered` of its cap
+    (the packing shortfall: 1, all of it, unless given), waiting for a CPU through the rest."""
 
-    def __init__(self, work, target, usable=None) -> None:
+    def __init__(self, work, target, usable=None, delivered=None) -> None:
         self.work = np.asarray(work, float)
         self.target = np.asarray(target, float)
         self.usable = np.ones_like(self.work) if usable is None else np.asarray(usable, float)
+        self.delivered = np.ones_like(self.work) if delivered is None \
+            else np.asarray(delivered, float)
         self.limit = np.full(self.work.shape, NAN)
 
     def window(self, factor: float | np.ndarray = 1.0) -> Observation:
         capped = np.isfinite(self.limit)
-        share = np.where(capped, self.limit, 0.0)
+        share = np.where(capped, self.limit * self.delivered, 0.0)
         free = max(1.0 - share.sum(), 0.0)
         share[~capped] = free / max(int((~capped).sum()), 1)
         share = np.minimum(share, self.usable)
-        return obs(self.target, self.work * factor / share, share, self.limit)
+        o = obs(self.target, self.work * factor / share, share, self.limit)
+        if (self.delivered < 1.0).any():  # what it was kept from, runnable: its pressure
+            o.waited = np.where(capped, self.limit - share, 0.0)
+        return o
 
     def rounds(self, pol: Admit, k: int, factor: float = 1.0) -> list[int]:
         satisfied = []
@@ -254,6 +265,29 @@ def test_usage_under_the_cap_is_not_a_maximum_when_cfs_gave_the_cpu_away():
     # nothing learned, its need (0.5) is still admitted.
     pol = policy(2)
     d = pol.decide(obs([1.0, 1.0], [0.5 / 0.3, 0.1 / 0.7], [0.3, 0.7], [0.6, NAN]), 0.0)
+    assert d is not None
+    assert d.limits[0] == pytest.approx(0.5 * COMFY)
+
+
+def test_a_worker_that_gets_less_than_its_cap_is_capped_for_what_it_needs():
+    # The caps are guarantees, and c0 gets 0.87 of its own (CFS places single-threaded tasks
+    # by count, not by cap: the packing shortfall). Its cap rises until what it gets is its
+    # middle share; c1, which gets all of its cap, keeps its own.
+    fluid = Fluid(work=[0.5, 0.2], target=[1.0] * 2, delivered=[0.87, 1.0])
+    assert fluid.rounds(policy(2), 16)[-3:] == [2] * 3
+    assert fluid.limit[0] * 0.87 == pytest.approx(0.5 * COMFY, rel=0.01)
+    assert fluid.limit[1] == pytest.approx(0.2 * COMFY)
+    assert fluid.limit.sum() <= 1.0 + 1e-9
+
+
+def test_a_shortfall_is_not_learned_where_the_caps_were_not_guarantees():
+    # c0 got 0.3 of its cap 0.6 beside an unlimited newcomer: its caps' delivery is not
+    # measured there, so its next cap is its middle share, not more.
+    pol = policy(2)
+    d = pol.decide(obs([1.0, 1.0], [0.5 / 0.3, 0.1 / 0.7], [0.3, 0.7], [0.6, NAN]), 0.0)
+    assert d is not None
+    d = pol.decide(obs([1.0, 1.0], [1.0 / COMFY, 0.1 / 0.4], [0.5 * COMFY, 0.4],
+                       d.limits.copy()), 100.0)
     assert d is not None
     assert d.limits[0] == pytest.approx(0.5 * COMFY)
 
@@ -525,6 +559,28 @@ def test_an_open_loop_service_that_cannot_be_admitted_keeps_what_its_arrivals_ne
     assert pol._mem.admitted.tolist() == [True, True, False, False]
     assert (node.limit[:3] >= 0.08 / RHO_FLOOR - 1e-9).all()
     assert node.limit.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("count", "scatter"), [(16.0, 0.2), (16.0, 0.0), (1e6, 0.2),
+                                               (0.0, 0.2)])
+def test_a_services_base_combines_its_rates_and_its_works_errors_in_quadrature(
+        count: float, scatter: float):
+    # Seen in the simulator under real conditions: a service's base stacked its rate's two
+    # standard errors (16 requests: +50%) on its work's whole scatter (2 x 0.2 in logs:
+    # +49%), x2.24, and held it over its need beside containers the oracle admits. The two
+    # errors are independent: e^√(ln(1.5)² + 0.4²) = x1.77. Either alone is margin enough;
+    # none counted, the work's.
+    mem, s = Memory.sized(1), Scratch.sized(1)
+    mem.log_work[0], mem.log_var[0] = math.log(0.004), scatter**2
+    mem.open[0], mem.arrived[0], mem.arrival_time[0] = True, count, 8.0
+    s.known[0] = True
+    shares_into(np.array([0.05]), ALPHA, 0.0, mem, NodeSpeed(), s)
+    rate = math.log1p(ARRIVALS_Z / math.sqrt(count)) if count else 0.0
+    work = max(MARGIN_Z * scatter, MARGIN_MIN)
+    need = count / 8.0 * 0.004 / RHO_FLOOR
+    assert s.base[0] == pytest.approx(need * math.exp(math.hypot(rate, work)))
+    if count == 16.0 and scatter:
+        assert s.base[0] == pytest.approx(need * 1.77, rel=0.01)
 
 
 def test_a_loose_target_holds_an_open_loop_service_at_its_knee_and_counts_it_in_s():

@@ -3,7 +3,8 @@ simulated, each with every policy of dqoes_cg.policy.POLICIES side by side, with
 and a summary.
 
     python -m bench.experiments [--sim-only] [--quick] [--out DIR]
-    python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
+    python -m bench.experiments --real-conditions [--quick] [--seeds N] [--first-seed K]
+                                [--only KEY ...]
                                 [--without curves|drift|packing|noise ...] [--jobs N]
 
 1. Real runs on a cgroup v2 kernel with the cpu controller: this host if it has one, else a
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the simulated scenarios under real conditions (see above)")
     p.add_argument("--seeds", type=int, default=conditions.SEEDS,
                    help="--real-conditions: how many seeds")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="--real-conditions: the first of them")
     p.add_argument("--only", nargs="+", metavar="KEY",
                    help="--real-conditions: only these scenarios")
     p.add_argument("--jobs", type=int, default=conditions.JOBS,
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.real_conditions:
         conditions.run(out, args.quick, args.seeds, args.only, args.jobs,
-                       tuple(args.without))
+                       tuple(args.without), args.first_seed)
         return 0
     if args.real_part:
         run_real(out, args.quick)

@@ -23,6 +23,7 @@ MIN_WINDOWS = 6  # ... and at least this many windows of a short phase
 _GRID = np.geomspace(1e-4, 1.0, 40001)  # fractions of its most at which the oracle looks
 _BOUND_STRIDE = 10  # noisy_bound looks at every 10th of them (0.23% apart)
 _LAMBDAS = np.concatenate(([0.0], np.geomspace(1e-3, 1e3, 601)))  # noisy_bound's prices
+_SEEN_WINDOWS, _SEEN_WARMUP, _SEEN_POINTS, _SEEN_SEED = 400, 10, 24, 30  # windows_seen
 SPEED_STEP = 0.04  # real_caps recomputes its allocation when the log speed moves this much
 
 
@@ -196,24 +197,28 @@ def _changes(node: Node) -> list[float]:
 
 
 def real_oracle(node: Node, curves: dict[str, Curve], scatter: float, alpha: float = 0.10,
-                at: float | None = None, speed: float = 1.0, packing: bool = False) -> int:
+                at: float | None = None, speed: float = 1.0, packing: bool = False,
+                window: float = 0.0) -> int:
     """The most containers of `node` that a controller can hold in S at once under real
     conditions, in the median window: the oracle's count at the node's work factor `speed`
     with the caps packed (`packing`), and at most the next whole number above noisy_bound
     at that speed with a log-latency scatter `scatter` (what the controller cannot know
     when it sets its caps: the measurement noise, and the node's drift since its last
-    window), no open-loop service held below its arrivals' need. Both are upper bounds: the
+    window), no open-loop service held below its arrivals' need, and (`window`: the
+    observer's) a service seen only in a window in which a request of it completed. Both
+    are upper bounds: the
     noise-free count, and (the median of a sum of
     independent Bernoulli trials being at most the next integer above its mean) the median
     window's count."""
     count = oracle_allocation(node, curves, alpha, at, speed, packing, arrivals=True)[0]
     if scatter <= 0.0:
         return count
-    return min(count, math.ceil(noisy_bound(node, curves, scatter, alpha, at, speed) - 1e-6))
+    return min(count, math.ceil(noisy_bound(node, curves, scatter, alpha, at, speed, window)
+                                - 1e-6))
 
 
 def real_caps(node: Node, curves: dict[str, Curve], scatter: float, packing: bool,
-              alpha: float = 0.10) -> Callable[[float, float], np.ndarray]:
+              alpha: float = 0.10, window: float = 0.0) -> Callable[[float, float], np.ndarray]:
     """The real oracle's own allocation as caps (CPUs, node order) at time t when the
     node's work factor is known to be `speed` (as of a decision window ago): the
     real_oracle's count of containers chosen cheapest first, moved from their least share
@@ -228,7 +233,7 @@ def real_caps(node: Node, curves: dict[str, Curve], scatter: float, packing: boo
         key = (bisect.bisect_right(changes, t + 1e-9), round(math.log(speed) / SPEED_STEP))
         if key not in cache:
             known = math.exp(key[1] * SPEED_STEP)
-            count = real_oracle(node, curves, scatter, alpha, t, known, packing)
+            count = real_oracle(node, curves, scatter, alpha, t, known, packing, window)
             state = state_at(node, curves, t, known)
             _, least, chosen = _cheapest_first(node, state, t, alpha, packing, count,
                                                arrivals=True)
@@ -261,7 +266,7 @@ def real_caps(node: Node, curves: dict[str, Curve], scatter: float, packing: boo
 
 
 def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: float = 0.10,
-                at: float | None = None, speed: float = 1.0) -> float:
+                at: float | None = None, speed: float = 1.0, window: float = 0.0) -> float:
     """The most containers of `node` that any controller can expect in S in one window when
     each window's latency is seen through log-normal noise of standard deviation `scatter`
     (the noise sweep's): an upper bound, under the oracle's rules.
@@ -276,14 +281,21 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
     containers). The noise comes after the controller's choice, so it bounds the mean |S|
     over any stretch of windows, whatever the controller does. An open-loop service counts
     in S at any latency up to (1 + alpha) its target (as Run.classes counts it), so its P(c)
-    is only the upper Phi. `speed`: every request costs that much more (see state_at)."""
-    state = state_at(node, curves, at, speed)
+    is only the upper Phi. `speed`: every request costs that much more (see state_at).
+
+    With a `window` (the observer's, s), a service's P(c) is what its windows show
+    (windows_seen): a window's latency is the mean of the few requests completed in it,
+    which scatters with the queue's chance, and a window in which none completed is idle
+    for every controller."""
+    t = settled_time(node) if at is None else at
+    state = state_at(node, curves, t, speed)
     if not state.target:
         return 0.0
+    rates = [c.rate_at(t) if c.open_loop else 0.0 for c in node.containers if c.present(t)]
     dual = _LAMBDAS * node.cpus
     phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
-    for cores, latency, busy, target in zip(state.cores, state.latency, state.busy,
-                                            state.target, strict=True):
+    for cores, latency, busy, target, rate in zip(state.cores, state.latency, state.busy,
+                                                  state.target, rates, strict=True):
         ok = counted(latency, busy, target, alpha)
         least = min(state.floor, float(cores[ok].min())) if ok.any() else state.floor
         least = min(least, float(cores[-1]))  # a floor beyond what it can use
@@ -293,8 +305,39 @@ def noisy_bound(node: Node, curves: dict[str, Curve], scatter: float, alpha: flo
         seen = phi((math.log((1 + alpha) * target) - log_l) / scatter)
         if not one_sided:
             seen = seen - phi((math.log((1 - alpha) * target) - log_l) / scatter)
+        elif window > 0.0 and rate > 0.0:
+            seen = windows_seen(rate, busy[held][::_BOUND_STRIDE] / rate, (1 + alpha) * target,
+                                window, scatter)
         dual += (seen[None, :] - _LAMBDAS[:, None] * c[None, :]).max(axis=1)
     return float(dual.min())
+
+
+def windows_seen(rate: float, service_s: np.ndarray, limit_s: float, window: float,
+                 scatter: float) -> np.ndarray:
+    """For an M/D/1 service (Poisson arrivals at `rate`, each served in `service_s`), the
+    fraction of observer windows (`window` s) in which it is seen at most `limit_s` slow:
+    some request completed in the window, and their mean latency, times log-normal noise
+    of `scatter`, is under the limit. Simulated (Lindley's recursion, the same arrivals for
+    every service time: a fixed seed, so the oracle is a function) over _SEEN_WINDOWS
+    windows at _SEEN_POINTS service times, interpolated in log service time."""
+    rng = np.random.default_rng(_SEEN_SEED)
+    span = _SEEN_WINDOWS * window
+    arrivals = np.sort(rng.uniform(0.0, span, rng.poisson(rate * span)))
+    points = np.geomspace(float(np.min(service_s)), float(np.max(service_s)), _SEEN_POINTS)
+    phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
+    n = np.arange(len(arrivals))
+    seen = np.zeros(_SEEN_POINTS)
+    for j, x in enumerate(points):
+        leaves = np.maximum.accumulate(arrivals - n * x) + (n + 1) * x
+        which = (leaves // window).astype(int)
+        keep = which < _SEEN_WINDOWS
+        count = np.bincount(which[keep], minlength=_SEEN_WINDOWS)[_SEEN_WARMUP:]
+        total = np.bincount(which[keep], (leaves - arrivals)[keep],
+                            minlength=_SEEN_WINDOWS)[_SEEN_WARMUP:]
+        done = count > 0
+        mean = total[done] / count[done]
+        seen[j] = float(phi(np.log(limit_s / mean) / scatter).sum()) / len(count)
+    return np.interp(np.log(service_s), np.log(points), seen)
 
 
 def default_satisfied(node: Node, curves: dict[str, Curve], alpha: float = 0.10) -> int:

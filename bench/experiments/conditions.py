@@ -4,7 +4,8 @@ single-threaded containers and the measurement noise of the noise sweep, over se
 seeds, on the default platform and with each policy; judged phase by phase, node by node,
 against the oracle.
 
-    python -m bench.experiments --real-conditions [--quick] [--seeds N] [--only KEY ...]
+    python -m bench.experiments --real-conditions [--quick] [--seeds N] [--first-seed K]
+                                                  [--only KEY ...]
                                                   [--without curves|drift|packing|noise ...]
 
 writes real-conditions.md and real-conditions.json beside the other results and prints the
@@ -140,7 +141,8 @@ def judge(scenario: Scenario, seed: int, setting: Setting) -> list[dict[str, Any
                       setting.conditions)
     packing, scatter = setting.conditions.packing, setting.unknown_scatter
     for mode, caps in ((HELD, lambda node: oracle_caps(node, curves)),
-                       (HELD_REAL, lambda node: real_caps(node, curves, scatter, packing))):
+                       (HELD_REAL, lambda node: real_caps(node, curves, scatter, packing,
+                                                          window=WINDOW_S))):
         runs[mode] = simulated(scenario, nodes, curves, None, scenario.duration_s, WINDOW_S,
                                setting.noise, seed, setting.conditions, held=(mode, caps))
     judged = {mode: phase_outcomes(run, curves, bound=False) for mode, run in runs.items()}
@@ -153,7 +155,7 @@ def judge(scenario: Scenario, seed: int, setting: Setting) -> list[dict[str, Any
                                "oracle": ph.oracle, "speed": speeds,
                                "real_oracle": [real_oracle(
                                    node, curves, scatter, at=(ph.start + ph.end) / 2,
-                                   speed=speed, packing=packing)
+                                   speed=speed, packing=packing, window=WINDOW_S)
                                    for node, speed in zip(nodes, speeds, strict=True)],
                                "modes": {}}
         for mode, phases in judged.items():
@@ -240,7 +242,8 @@ def _reaction_cell(cell: dict[str, Any], after_change: bool) -> str:
     return f"{cell['reaction_s']:.0f} s{rounds}"
 
 
-def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setting) -> str:
+def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setting,
+             first_seed: int = 0) -> str:
     """The report: the headline counts, the reaction times, then the table row by row."""
     head = summary(rows)
     flags = (" --quick" if quick else "") + \
@@ -248,11 +251,12 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setti
     lines = [f"# Under real conditions{' (quick)' if quick else ''}", "",
              f"Made by `python3 -m bench.experiments --real-conditions{flags}`: every "
              f"simulated scenario (s*, x*, o*) with {setting.describe()}, over {seeds} "
-             "seed(s). Each phase's final |S| "
+             f"seed(s){f' from {first_seed}' if first_seed else ''}. Each phase's final |S| "
              "(median over its tail) per node against two oracles per node: the real oracle "
              "(analysis.real_oracle: the oracle at the node's speed in the tail's median "
              "window, its caps packed, and at most the next whole number above noisy_bound "
-             f"at the scatter no controller can know, {setting.unknown_scatter:.3f}), and "
+             f"at the scatter no controller can know, {setting.unknown_scatter:.3f}, a "
+             f"service's as its {WINDOW_S:g} s windows show it: analysis.windows_seen), and "
              f"the nominal oracle (nominal needs, no drift, packing or noise). '{HELD}': the "
              "nominal oracle's own allocation held as caps under the same conditions (no "
              f"policy); '{HELD_REAL}': the real oracle's (analysis.real_caps: its count, "
@@ -291,8 +295,10 @@ def markdown(rows: list[dict[str, Any]], seeds: int, quick: bool, setting: Setti
 
 
 def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | None = None,
-        jobs: int = JOBS, without: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
-    """Judge every scenario (or those named in `only`) over `seeds` seeds, with every
+        jobs: int = JOBS, without: tuple[str, ...] = (), first_seed: int = 0,
+        ) -> dict[str, dict[str, float]]:
+    """Judge every scenario (or those named in `only`) over `seeds` seeds (from
+    `first_seed`: others than those a change was looked at on), with every
     condition but those `without`; write real-conditions[-without-...].md and .json in
     `out`, print the table, return the headline counts."""
     setting = Setting.real(load_curves(out / "calibration.json"), without)
@@ -300,7 +306,8 @@ def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | No
     if only and len(scenarios) < len(only):
         known = {sc.key for sc in all_scenarios(quick)}
         raise SystemExit(f"unknown scenarios: {sorted(set(only) - known)}")
-    tasks = [(sc, seed, setting) for sc in scenarios for seed in range(seeds)]
+    tasks = [(sc, seed, setting) for sc in scenarios
+             for seed in range(first_seed, first_seed + seeds)]
     progress = Progress(len(tasks) + 1)
     progress.step(f"{len(scenarios)} scenarios x {seeds} seeds x {len(JUDGED)} modes, "
                   f"{jobs} processes")
@@ -309,12 +316,13 @@ def run(out: Path, quick: bool = False, seeds: int = SEEDS, only: list[str] | No
         for task, judged in zip(tasks, pool.imap(_judge_task, tasks), strict=True):
             progress.step(f"judged {task[0].key}, seed {task[1]}")
             rows += judged
-    text = markdown(rows, seeds, quick, setting)
+    text = markdown(rows, seeds, quick, setting, first_seed)
     (out / f"{setting.name}.md").write_text(text)
     head = summary(rows)
     drift = setting.conditions.drift
     (out / f"{setting.name}.json").write_text(json.dumps(
-        {"quick": quick, "seeds": seeds, "noise": setting.noise, "without": setting.without,
+        {"quick": quick, "seeds": seeds, "first_seed": first_seed, "noise": setting.noise,
+         "without": setting.without,
          "drift": drift and {"spread": drift.spread, "correlation_s": drift.correlation_s},
          "packing": setting.conditions.packing, "summary": head,
          "reactions": reactions(rows), "rows": rows}, indent=1) + "\n")

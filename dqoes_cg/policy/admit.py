@@ -77,8 +77,9 @@ it may hold in S.
 The knee: an open-loop service is never aimed busier than RHO_MAX of its cap (lean_i is at
 least lambda work e^mu / RHO_MAX), where its latency rises as 1/(1 - rho) and a few percent
 more work or arrivals take it far out of its band. None is capped busier than RHO_FLOOR: its
-base b_i = max(f, lambda_hi work e^mu / RHO_FLOOR), lambda_hi two standard errors of its
-request count above its rate, replaces the floor below. An open-loop service faster than its
+base b_i = max(f, lambda work e^m / RHO_FLOOR), m = √(ln(1 + 2/√N)² + mu²) the margins of
+its rate (two standard errors of its request count N) and of its work (mu uncapped) in
+quadrature, replaces the floor below. An open-loop service faster than its
 band is classed S: its users wait no longer than its target allows, and the CPU it holds
 beyond its need is what the admission charges it (README, "What satisfied means").
 
@@ -145,6 +146,14 @@ is negative), at a cap under the floor. What nobody can use stays unallocated.
 Σ L_i <= T_R, the idle slots' limits counted: caps that do not overlap are guarantees, each
 container gets its cap whatever the others do. That ends the competition of capped B
 containers under CFS, where caps above the fair share do not bind.
+
+Almost whatever: caps that fill the node are not all delivered to single-threaded workers
+(CFS places tasks by count, not by cap; the largest caps lose most: bench/results/packing.md).
+A back-to-back worker bound by its cap (capped under what its threads can use, not held
+back by them, in a window whose caps were all set and within the budget) measures the share
+of its cap it got, usage / cap, smoothed in logs (DELIVERED_GAIN, believed down to
+DELIVERED_MIN); its lean and middle shares and its usable maximum are divided by it, so its
+cap, and its cost in the admission, are what deliver its need.
 
 Readings and choices
 --------------------
@@ -238,6 +247,8 @@ STEADY = 0.10  # ... of those whose usage held within 10% (in logs) of the last 
 QUEUE_PRIOR = 1.0  # K of an open-loop service before it is measured (M/M/1's)
 QUEUE_RANGE = (0.25, 8.0)  # the values of K believed
 QUEUE_GAIN = 0.2  # the least smoothing gain of log K (the gain of log work if more)
+DELIVERED_GAIN = 0.3  # the smoothing gain of the log of the share of its cap a worker got
+DELIVERED_MIN = 0.7  # ... believed down to this share
 QUEUE_RHO = (0.15, 0.95)  # K is measured in windows whose busy fraction is in this range
 RHO_FLOOR = 0.95  # an open-loop service is never capped above this busy fraction
 _TIE = 1e-12  # per slot, so that equal costs are admitted in slot order
@@ -262,13 +273,14 @@ class Memory:
     in_flight: FloatArray  # its mean number of requests in flight in its last window
     usage: FloatArray  # its usage in its last window
     log_queue: FloatArray  # log K_i, its queueing factor (open loop); NaN: not measured
+    log_delivered: FloatArray  # log of the share of its cap a worker bound by it gets
 
     @classmethod
     def sized(cls, n: int) -> Memory:
         return cls(np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n),
                    np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, bool),
                    np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool), np.zeros(n),
-                   np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
+                   np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.zeros(n))
 
     def carried(self, n: int, carried: IndexArray | None) -> Memory:
         """The memory of n new slots: slot i takes what old slot carried[i] had (-1: new)."""
@@ -314,6 +326,7 @@ class Scratch:
     knee: FloatArray  # an open-loop service's share at RHO_MAX
     base: FloatArray  # what each known container keeps at least: the floor, or its arrivals
     usable: FloatArray  # m_i, T_R where unknown
+    delivered: FloatArray  # the share of its cap each gets (1: all of it)
     cost: FloatArray
     top: FloatArray
     head: FloatArray
@@ -452,6 +465,7 @@ def learn_into(obs: Observation, span: float, valid: BoolArray, mem: Memory,
     if obs.rate is not None:
         queue_into(obs, est, mem, s)
     usable_into(obs, est, mem, s)
+    delivered_into(obs, est, mem, s)
 
 
 def open_loop_into(obs: Observation, span: float, est: BoolArray, fresh: BoolArray,
@@ -639,6 +653,33 @@ def usable_into(obs: Observation, est: BoolArray, mem: Memory, s: Scratch) -> No
     np.putmask(mem.usable, s.mask, usage)
 
 
+def delivered_into(obs: Observation, est: BoolArray, mem: Memory, s: Scratch) -> None:
+    """The share of its cap that a back-to-back worker bound by it got (usage / cap, between
+    DELIVERED_MIN and 1), smoothed in logs: capped, its cap under (1 - SLACK) of what its
+    threads can use, and not held back by them (s.under). Caps that fill the node are
+    not all delivered: CFS places single-threaded tasks by count, not by cap, and the
+    largest caps lose most (bench/results/packing.md: 0.86-0.88 of the largest of five on
+    two CPUs). Only in a window whose caps were guarantees: every slot capped, within the
+    budget (an unlimited newcomer takes what it can). Uses s.y and s.slack."""
+    if not np.isfinite(obs.limit, out=s.mask).all() or float(obs.limit.sum()) > T_R * (1 + 1e-9):
+        return
+    bound = s.slack
+    np.fmin(mem.usable, T_R, out=s.y)  # NaN (unknown): T_R
+    np.multiply(s.y, 1.0 - SLACK, out=s.y)
+    np.less_equal(s.cap, s.y, out=bound)
+    np.logical_and(bound, np.isfinite(obs.limit, out=s.mask), out=bound)
+    np.greater(bound, s.under, out=bound)
+    np.greater(bound, mem.open, out=bound)
+    np.logical_and(bound, est, out=bound)
+    np.divide(obs.usage, s.cap, out=s.y)
+    np.clip(s.y, DELIVERED_MIN, 1.0, out=s.y)
+    np.log(s.y, out=s.y)
+    np.subtract(s.y, mem.log_delivered, out=s.y)
+    np.multiply(s.y, DELIVERED_GAIN, out=s.y)
+    np.add(mem.log_delivered, s.y, out=mem.log_delivered, where=bound)
+    np.putmask(mem.log_delivered, mem.open, 0.0)
+
+
 def service_time_into(out: FloatArray, latency: FloatArray, s: Scratch) -> None:
     """The service time x at which a server with arrivals s.lam and queueing factor s.z (K)
     has the mean latency L = `latency`: x (1 + K rho / (1 - rho)) = L with rho = lam x, the
@@ -672,25 +713,30 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.sqrt(margin, out=margin)
     np.multiply(margin, MARGIN_Z, out=margin)
     np.maximum(margin, MARGIN_MIN, out=margin)
-    np.exp(margin, out=s.aim)  # the base's margin, uncapped: a band's width is no bound there
-    np.minimum(margin, math.atanh(alpha), out=margin)
-    np.exp(margin, out=margin)  # e^mu from here on
     # An open-loop service's arrivals; none for a back-to-back worker, whose x is then L.
     # Its base (what it keeps unadmitted) is its arrivals' need at RHO_FLOOR, past which a
-    # few percent more work or arrivals take its queue far past its target: for a rate
-    # ARRIVALS_Z standard errors above its count, (N + z √N) / T, and its work with its
-    # whole scatter (a window of a few requests measures it coarsely).
+    # few percent more work or arrivals take its queue far past its target, with a margin
+    # for the two errors of that product, independent and so in quadrature (added, they
+    # kept services under the real oracle): its rate's, ARRIVALS_Z standard errors of its
+    # count N, ln(1 + z / √N), and its work's whole scatter (mu uncapped: a band's width is
+    # no bound there; a window of a few requests measures it coarsely).
+    np.sqrt(mem.arrived, out=s.aim)
+    np.greater(mem.arrived, 0.0, out=s.mask)
+    np.divide(ARRIVALS_Z, s.aim, out=s.aim, where=s.mask)  # none counted: no error
+    np.log1p(s.aim, out=s.aim)
+    np.square(s.aim, out=s.aim)
+    np.square(margin, out=s.x)
+    np.add(s.aim, s.x, out=s.aim)
+    np.sqrt(s.aim, out=s.aim)
+    np.exp(s.aim, out=s.aim)
+    np.minimum(margin, math.atanh(alpha), out=margin)
+    np.exp(margin, out=margin)  # e^mu from here on
     np.divide(mem.arrived, mem.arrival_time, out=s.lam)
     np.putmask(s.lam, np.logical_not(mem.open, out=s.mask), 0.0)
     np.putmask(s.lam, np.isnan(s.lam, out=s.mask), 0.0)
-    np.sqrt(mem.arrived, out=s.base)
-    np.multiply(s.base, ARRIVALS_Z, out=s.base)
-    np.divide(s.base, mem.arrival_time, out=s.base)
+    np.multiply(s.lam, s.aim, out=s.base)
     np.putmask(s.base, np.isnan(s.base, out=s.mask), 0.0)
-    np.putmask(s.base, np.logical_not(mem.open, out=s.mask), 0.0)
-    np.add(s.base, s.lam, out=s.base)
     np.multiply(s.base, s.work, out=s.base)
-    np.multiply(s.base, s.aim, out=s.base)
     np.multiply(s.base, 1.0 / RHO_FLOOR, out=s.base)
     np.maximum(s.base, floor, out=s.base)
     np.multiply(s.work, margin, out=s.top)  # the work with its margin
@@ -718,7 +764,12 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.multiply(s.knee, 1.0 / RHO_MAX, out=s.knee)
     np.maximum(s.lean, s.knee, out=s.lean)
     np.maximum(s.comfy, s.lean, out=s.comfy)
-    np.fmin(mem.usable, T_R, out=s.usable)  # NaN (unknown): T_R
+    # A worker's caps deliver what it needs despite the packing shortfall it measured.
+    np.exp(mem.log_delivered, out=s.delivered)
+    np.divide(s.lean, s.delivered, out=s.lean)
+    np.divide(s.comfy, s.delivered, out=s.comfy)
+    np.divide(mem.usable, s.delivered, out=s.usable)
+    np.fmin(s.usable, T_R, out=s.usable)  # NaN (unknown): T_R
     # An admitted container is held at its need (lean), under its base if that is where its
     # band is: its cost beyond the base, lean - base, is negative there (it frees budget).
     # admissible: lean ≤ m.
