@@ -103,7 +103,8 @@ def test_the_manager_shows_every_node_and_a_labelled_services_tasks_with_their_t
     assert node3["S"] == node3["B"] == 0
 
 
-@pytest.mark.parametrize("fault", ["dockerd killed", "link cut"])
+@pytest.mark.parametrize("fault", ["dockerd killed",
+                                   pytest.param("link cut", marks=pytest.mark.swarm_smoke)])
 def test_a_node_that_disappears_is_unreachable_and_its_task_not_counted(
         swarm: Swarm, daemons: ClusterDaemons, fault: str) -> None:
     swarm.create_service(SERVICE, BUSYBOX_IMAGE, ["/busybox", "sleep", "1000000"],
@@ -163,6 +164,7 @@ def _crowd(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return tasks if len(tasks) == len(CROWD) else {}
 
 
+@pytest.mark.swarm_smoke
 def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
         swarm: Swarm, daemons: ClusterDaemons, infer_image: str) -> None:
     """Two single-threaded services on node1 (0.5 CPU), needing 0.25 and 0.35 CPU for their
