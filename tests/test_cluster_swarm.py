@@ -194,6 +194,8 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
 
         def steady(doc: dict[str, Any]) -> bool:
             for name, task in _crowd(doc).items():
+                assert task["node"] == "node1", \
+                    f"Swarm moved {name} to {task['node']} while its work was measured on node1"
                 if task["measured_s"] and task["cpu_usage_cores"]:
                     work = task["measured_s"] * task["cpu_usage_cores"]
                     if not works[name] or works[name][-1] != work:  # a new window
