@@ -168,9 +168,9 @@ def _crowd(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
         swarm: Swarm, daemons: ClusterDaemons, infer_image: str) -> None:
     """Two single-threaded services on node1 (0.5 CPU), needing 0.25 and 0.35 CPU for their
-    targets: dqoesd can satisfy the smaller there, not both; the manager with QoE-aware
-    placement moves the other to node2 or node3 through Swarm, where it is satisfied too,
-    never running fewer replicas than asked, and lifts its constraint once it settled."""
+    targets: dqoesd can satisfy either there, not both; the manager with QoE-aware placement
+    moves one to node2 or node3 through Swarm, where it is satisfied too, never running fewer
+    replicas than asked, and lifts its constraint once it settled."""
     wait_volume_driver(swarm)
     others = [n.name for n in swarm.nodes if n.name != "node1"]
     for node in others:  # as an operator would, while both start
@@ -216,12 +216,13 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
             fewer.extend(s["name"] for s in doc["services"]
                          if s["name"] in CROWD and s["running"] < 1)
             tasks = _crowd(doc)
-            return bool(tasks) and tasks[CROWD[0]]["node"] == "node1" \
-                and tasks[CROWD[1]]["node"] != "node1" \
-                and all(t["class"] == "S" for t in tasks.values())
+            # Either may move: its need is what placement estimates, as the emulated CPU runs.
+            return bool(tasks) and sorted(t["node"] == "node1" for t in tasks.values()) == [
+                False, True] and all(t["class"] == "S" for t in tasks.values())
 
         started = time.monotonic()
-        doc = daemons.wait("crowd-large moved off node1, both in S", both_in_s_apart)
+        doc = daemons.wait("one crowd task moved off node1, both in S", both_in_s_apart)
+        (moved,) = [name for name, t in _crowd(doc).items() if t["node"] != "node1"]
         where = [(t["service"], t["node"], t["measured_s"], t["target_s"])
                  for t in _crowd(doc).values()]
         print(f"moved, both in S {time.monotonic() - targets_set:.0f} s after the targets were "
@@ -232,8 +233,8 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
                  and " move to node " in line]
         assert len(moves) == 1, moves
         print(moves[0])
-        wait_for(lambda: not _constraints(swarm, CROWD[1]), CONVERGE_S,
-                 "the move's constraint lifted", lambda: str(_constraints(swarm, CROWD[1])),
+        wait_for(lambda: not _constraints(swarm, moved), CONVERGE_S,
+                 "the move's constraint lifted", lambda: str(_constraints(swarm, moved)),
                  every=3.0)
     finally:
         swarm.remove_service(*CROWD)
