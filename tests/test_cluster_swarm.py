@@ -146,7 +146,10 @@ CROWD = ("crowd-a", "crowd-b")
 # by 0.74x to 1.33x and the move is still possible (at 0.25 + 0.35, it could not grow 1.3x).
 NEED_CPUS = 0.34
 REQUEST_CPU_MS = 40  # CPU time of one request of the inference server
-SETTLE_S = 30.0  # stuck this long before a move (the manager's --settle)
+# Stuck this long before a move (the manager's --settle): while their work is measured,
+# both are stuck (no node could meet a target of 10 ms), no move possible; once their
+# targets are set, one moves as soon as its estimated need fits another node.
+SETTLE_S = 30.0
 # While each one's work per request is measured: a target neither can meet, so that both
 # run at the shares they will have when their targets are set, 0.25 CPU each: the work per
 # request on an emulated CPU grows with the guest's load (measured at 0.05 to 0.1 CPU each,
@@ -198,10 +201,12 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
     moves one to node2 or node3 through Swarm, where it is satisfied too, never running fewer
     replicas than asked, and lifts its constraint once it settled."""
     began = time.monotonic()
+    daemons.stop("manager")
+    daemons.start_manager("--placement", "qoe", "--settle", str(SETTLE_S))
     wait_volume_driver(swarm)
     try:
         _start_crowd_on_node1(swarm, infer_image)
-        print(f"both crowd tasks running on node1 {time.monotonic() - began:.0f} s in")
+        record_property("crowd_running_s", round(time.monotonic() - began))
         # Each one's work per request (usage x latency: the same at any share), measured
         # where both share node1 at 0.25 CPU, sets the target it meets at NEED_CPUS: the
         # median of three windows within 20% of each other (the emulated CPU's speed swings).
@@ -220,13 +225,11 @@ def test_a_task_stuck_in_b_moves_to_a_node_that_can_satisfy_it(
         daemons.wait("both crowd tasks' work per request steady on node1", steady)
         measured = {name: statistics.median(works[name][-3:]) for name in CROWD}
         targets_set = time.monotonic()
-        print(f"work per request measured {targets_set - began:.0f} s in: "
-              + ", ".join(f"{name} {w * 1e3:.1f} ms" for name, w in measured.items()))
+        record_property("work_measured_s", round(targets_set - began))
+        record_property("work_ms", {name: round(w * 1e3, 1) for name, w in measured.items()})
         for name, work in measured.items():
             swarm.update_service(name, "--label-add",
                                  f"dqoes.target={work / NEED_CPUS * 1e3:.0f}ms")
-        daemons.stop("manager")
-        daemons.start_manager("--placement", "qoe", "--settle", str(SETTLE_S))
 
         fewer: list[str] = []
 
