@@ -38,6 +38,9 @@ MAX_KUBE_LOGS = 50_000  # log links read from the kubelet's directory
 MAX_LISTED = 8  # candidates named in an error message
 
 UNIT_SUFFIXES = (".service", ".scope", ".slice")
+# crun runs a container whose cgroup is delegated to it (Podman's systemd scopes) one level
+# down, in this child: the container's cgroup, and systemd's unit, is still the parent.
+CRUN_SUBGROUP = "container"
 _ID = r"[0-9a-f]{64}"
 _HEX = re.compile(r"[0-9a-f]+")
 
@@ -315,8 +318,11 @@ def _resolve_pid(pid: str, mount: Path, proc: Path) -> Resolved:
     if not v2:
         raise CgroupError(f"process {pid} is in no cgroup v2 hierarchy")
     rel = PurePosixPath(v2[0].lstrip("/"))
-    path = _require_cgroup(mount, rel, f"process {pid}'s cgroup {v2[0]}")
     container = _container_in(rel)
+    if container is None and rel.name == CRUN_SUBGROUP:
+        container = _container_in(rel.parent)
+        rel = rel.parent if container else rel
+    path = _require_cgroup(mount, rel, f"process {pid}'s cgroup {v2[0]}")
     return Resolved(path, _cgroup_path(rel), Kind.PID, unit=systemd_unit(rel),
                     container_id=container.id if container else None)
 

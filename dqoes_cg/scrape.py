@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from .cgroup import CRUN_SUBGROUP
 from .histogram import Reading, window
 from .membership.objective import Scrape
 from .ring import STATS
@@ -99,15 +100,12 @@ def scrape(job: Job, mount: Path | None, timeout: float = TIMEOUT_S,
 
 
 def socket_in_netns(cgroup: Path, mount: Path) -> socket.socket:
-    """A TCP socket made in the network namespace of a process of `cgroup`."""
-    try:
-        fd = os.open(cgroup / "cgroup.procs", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            pids = os.read(fd, 4096).split()[:PIDS_TRIED]
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise ScrapeError(f"cannot list its processes: {e.strerror}") from None
+    """A TCP socket made in the network namespace of a process of `cgroup`, or of crun's
+    subgroup of it (CRUN_SUBGROUP), where a container with a delegated cgroup runs."""
+    pids = _pids(cgroup)
+    if not pids and (cgroup / CRUN_SUBGROUP).is_dir():
+        cgroup = cgroup / CRUN_SUBGROUP
+        pids = _pids(cgroup)
     if not pids:
         raise ScrapeError("no process in its cgroup")
     why = "its processes left it"
@@ -117,6 +115,18 @@ def socket_in_netns(cgroup: Path, mount: Path) -> socket.socket:
         except (OSError, ValueError) as e:
             why = f"process {pid.decode(errors='replace')[:12]}: {e}"
     raise ScrapeError(f"cannot enter its network namespace: {why}")
+
+
+def _pids(cgroup: Path) -> list[bytes]:
+    """The first PIDS_TRIED processes of `cgroup`."""
+    try:
+        fd = os.open(cgroup / "cgroup.procs", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            return os.read(fd, 4096).split()[:PIDS_TRIED]
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise ScrapeError(f"cannot list its processes: {e.strerror}") from None
 
 
 def _socket_of(pid: int, cgroup: Path, mount: Path) -> socket.socket:

@@ -168,6 +168,20 @@ def test_resolve_pid(tmp_path: Path, mount: Path) -> None:
         unit=f"docker-{ID_A}.scope", container_id=ID_A)
 
 
+def test_a_pid_in_cruns_subgroup_resolves_to_its_container(tmp_path: Path, mount: Path
+                                                           ) -> None:
+    scope = make_cgroup(mount, f"machine.slice/libpod-{ID_A}.scope")
+    make_cgroup(mount, f"machine.slice/libpod-{ID_A}.scope/container")
+    make_cgroup(mount, "system.slice/web.service/container")
+    proc = fake_proc(tmp_path, 4242, f"0::/machine.slice/libpod-{ID_A}.scope/container\n")
+    assert resolve("4242", mount, proc=proc) == Resolved(
+        scope, f"/machine.slice/libpod-{ID_A}.scope", Kind.PID,
+        unit=f"libpod-{ID_A}.scope", container_id=ID_A)
+    # a child of that name in a cgroup that is no container's is the process's own
+    proc = fake_proc(tmp_path / "other", 4242, "0::/system.slice/web.service/container\n")
+    assert resolve("4242", mount, proc=proc).path == mount / "system.slice/web.service/container"
+
+
 @pytest.mark.parametrize(("content", "message"), [
     (None, "no process with PID 4242"),
     ("1:name=systemd:/\n", "in no cgroup v2 hierarchy"),

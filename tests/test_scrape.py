@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from dqoes_cg.cgroup import CRUN_SUBGROUP
 from dqoes_cg.histogram import MAX, MEAN, Reading, window
 from dqoes_cg.membership.objective import Scrape
 from dqoes_cg.ring import STATS
@@ -263,6 +264,18 @@ def test_a_process_of_another_cgroup_is_not_entered(tmp_path: Path) -> None:
     (cgroup / "cgroup.procs").write_text("")
     with pytest.raises(ScrapeError, match="no process in its cgroup"):
         socket_in_netns(cgroup, mount)
+
+
+def test_the_processes_of_a_delegated_container_are_looked_for_in_cruns_subgroup(
+        tmp_path: Path) -> None:
+    _, mount = own_cgroup(tmp_path, "")
+    scope = mount / "machine.slice" / "libpod-a.scope"
+    (scope / CRUN_SUBGROUP).mkdir(parents=True)
+    (scope / "cgroup.procs").write_text("")
+    (scope / CRUN_SUBGROUP / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    # listed there (this process is in neither: it is checked against the subgroup)
+    with pytest.raises(ScrapeError, match="not in its cgroup"):
+        socket_in_netns(scope, mount)
 
 
 def test_a_planted_symlink_is_not_followed(tmp_path: Path) -> None:
