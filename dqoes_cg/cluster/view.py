@@ -66,7 +66,7 @@ Fields are only ever added; `from_json` ignores the fields it does not know.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from typing import Any, Protocol
@@ -219,17 +219,11 @@ class ClusterView:
 
     @cached_property
     def _tasks_by_node(self) -> dict[str, list[TaskView]]:
-        by_node: dict[str, list[TaskView]] = {}
-        for t in self.tasks:
-            by_node.setdefault(t.node_id, []).append(t)
-        return by_node
+        return _grouped(self.tasks, lambda t: t.node_id)
 
     @cached_property
     def _tasks_by_service(self) -> dict[str, list[TaskView]]:
-        by_service: dict[str, list[TaskView]] = {}
-        for t in self.tasks:
-            by_service.setdefault(t.service_id, []).append(t)
-        return by_service
+        return _grouped(self.tasks, lambda t: t.service_id)
 
     def satisfied(self) -> int:
         """|S|: the tasks in S on reachable nodes."""
@@ -286,3 +280,11 @@ class Placement(Protocol):
     """A placement policy (see the module's doc)."""
 
     def tick(self, view: ClusterView, now: float, actions: Actions) -> None: ...
+
+
+def _grouped(tasks: list[TaskView], key: Callable[[TaskView], str]) -> dict[str, list[TaskView]]:
+    """The tasks by key, in their order."""
+    groups: dict[str, list[TaskView]] = {}
+    for t in tasks:
+        groups.setdefault(key(t), []).append(t)
+    return groups
