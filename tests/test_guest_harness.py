@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -151,15 +150,14 @@ def test_a_hung_test_fails_alone_showing_where_it_hung(tmp_path: Path) -> None:
 
 class _StoppingGuest:
     """Stands for Guest: reports the first `reports` of its tests, then stops as a whole;
-    appends the tests it was given to `started`, by pytest run."""
+    appends the tests it was given to `started`."""
 
-    def __init__(self, reports: int, ctl_dir: Path, started: list[list[list[str]]]) -> None:
+    def __init__(self, reports: int, ctl_dir: Path, started: list[list[str]]) -> None:
         self.ctl_dir, self._reports, self._started = ctl_dir, reports, started
 
     def start(self, argv: list[str], **_: object) -> None:
-        runs = argv[2].split("; ") if argv[:2] == ["sh", "-c"] else [shlex.join(argv)]
-        self._started.append([[a for a in shlex.split(run) if "::" in a] for run in runs])
-        nodeids = [nodeid for run in self._started[-1] for nodeid in run]
+        nodeids = [a for a in argv if "::" in a]
+        self._started.append(nodeids)
         with (self.ctl_dir / "results.jsonl").open("w") as f:
             for nodeid in nodeids[:self._reports]:
                 f.write(json.dumps({"nodeid": nodeid, "outcome": "passed", "duration": 1.0})
@@ -196,22 +194,4 @@ def test_a_stopped_guest_is_replaced_once_by_one_running_what_it_had_not_reporte
                 runner.result(ids[1])
             with pytest.raises(GuestError, match="failed earlier: the guest stopped"):
                 runner.result(ids[2])
-    assert started == [[ids], [ids[1:]]]
-
-
-def test_the_tests_to_run_after_the_others_run_in_a_pytest_of_their_own(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Also after a reboot: the swarm smoke test after the kernel tests in their guest."""
-    started: list[list[list[str]]] = []
-
-    def make(_config: GuestConfig) -> _StoppingGuest:
-        ctl = tmp_path / f"guest{len(started)}"
-        ctl.mkdir()
-        return _StoppingGuest(1 if not started else 4, ctl, started)
-
-    monkeypatch.setattr("lab.guest.routing.Guest", make)
-    ids = [f"tests/t.py::test_{i}[a b]" for i in range(4)]
-    runner = GuestRunner(tmp_path, ids[:2], after=ids[2:])
-    with pytest.warns(GuestRebootWarning):
-        assert [runner.result(i)["outcome"] for i in ids] == ["passed"] * 4
-    assert started == [[ids[:2], ids[2:]], [ids[1:2], ids[2:]]]
+    assert started == [ids, ids[1:]]

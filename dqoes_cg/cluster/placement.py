@@ -126,8 +126,6 @@ class Plan:
     settled: list[str] = field(default_factory=list)  # services whose move is done (or
     #                                                    given up): give them back their
     #                                                    own placement
-    unmoved: dict[str, str] = field(default_factory=dict)  # task id: why a task stuck past
-    #                                                        the settle time does not move
 
     def __bool__(self) -> bool:
         return bool(self.moves or self.pause or self.resume or self.settled)
@@ -259,8 +257,7 @@ class Placement:
             if view.now - self._stuck_since[task.id] < p.settle_s or task.node in busy:
                 continue
             move = self._destination(task, view, nodes, services, loads, busy)
-            if isinstance(move, str):
-                plan.unmoved[task.id] = move
+            if move is None:
                 continue
             plan.moves.append(move)
             self._flights[move.service] = _Flight(move, view.now)
@@ -349,18 +346,13 @@ class Placement:
 
     def _destination(self, task: TaskView, view: ClusterView, nodes: dict[str, NodeView],
                      services: dict[str, ServiceView], loads: dict[str, list[Load]],
-                     busy: set[str]) -> Move | str:
-        """Where the task's service moves from its node, or why it does not."""
+                     busy: set[str]) -> Move | None:
         p = self.params
         service = services.get(task.service)
-        if service is None or service.replicas is None:
-            return "not a replicated service with a start-first update"
-        if service.updating or service.running < service.replicas:
-            return "its service is updating or runs fewer tasks than it asks for"
-        if task.service in self._flights:
-            return "its service is moving"
-        if view.now - self._moved_at.get(task.service, -math.inf) < p.hold_s:
-            return "its service moved within the hold time"
+        if (service is None or service.replicas is None or service.updating
+                or service.running < service.replicas or task.service in self._flights
+                or view.now - self._moved_at.get(task.service, -math.inf) < p.hold_s):
+            return None
         keys = _task_keys(view, task.service, task.node)
         movers = [ld for ld in loads[task.node] if ld.key in keys]
         staying = [ld for ld in loads[task.node] if ld.key not in keys]
@@ -384,9 +376,7 @@ class Placement:
             if best is None or left > best[0]:
                 best = (left, node.name)
         if best is None:
-            need = sum(m.need for m in movers)
-            return (f"no node has room for its need of {need:.2f} CPUs with {p.margin:.0%} "
-                    "to spare, or would hold more in S with it")
+            return None
         return Move(task.service, task.node, best[1], sum(m.need for m in movers), best[0])
 
     def _land(self, view: ClusterView, services: dict[str, ServiceView], plan: Plan) -> None:

@@ -56,13 +56,11 @@ class QoEPlacement:
 
     def __init__(self, params: decision.PlacementParams | None = None) -> None:
         self.decision = decision.Placement(params)
-        self._unmoved: dict[str, str] = {}  # task id: why it does not move, as last logged
 
     def tick(self, view: ClusterView, now: float, actions: Actions) -> None:
         before = self.decision.stuck_since
         plan = self.decision.plan(decision_view(view, now))
         self._log_stuck(view, before, now)
-        self._log_unmoved(view, plan.unmoved)
         for move in plan.moves:
             log.info("placement: service %s: its tasks on node %s move to node %s (need "
                      "%.2f CPUs, %.2f left there)", move.service, move.source,
@@ -96,17 +94,6 @@ class QoEPlacement:
                 log.info("placement: task %s of service %s on node %s no longer stuck after "
                          "%.0f s (class %s)", task.id[:12], task.service, task.node,
                          now - before[task.id], task.cls)
-
-
-    def _log_unmoved(self, view: ClusterView, unmoved: dict[str, str]) -> None:
-        """A line when a task stuck past the settle time does not move, and when why
-        changes: a task can be stuck for good (its need fits no node), and say so."""
-        for task in view.tasks:
-            why = unmoved.get(task.id)
-            if why is not None and self._unmoved.get(task.id) != why:
-                log.info("placement: task %s of service %s on node %s stuck, not moved: %s",
-                         task.id[:12], task.service, task.node, why)
-        self._unmoved = dict(unmoved)
 
 
 def _ms(seconds: float | None) -> str:

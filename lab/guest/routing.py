@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import time
 import warnings
@@ -133,14 +132,12 @@ class GuestRunner:
     """Boots the session's guest on first use and hands out the results it reports.
 
     `prepare`, if given, runs on the host just before the boot and returns variables for the
-    guest's environment (what it built for the tests, say). The tests of `after` run once
-    the others are done, in a pytest of their own."""
+    guest's environment (what it built for the tests, say)."""
 
     def __init__(self, rootdir: Path, nodeids: list[str], config: GuestConfig | None = None,
-                 prepare: Callable[[], dict[str, str]] | None = None,
-                 after: list[str] | None = None) -> None:
+                 prepare: Callable[[], dict[str, str]] | None = None) -> None:
         self._rootdir = rootdir
-        self._runs = [ids for ids in (nodeids, after or []) if ids]
+        self._nodeids = nodeids
         self._config = config or GuestConfig()
         self._prepare = prepare
         self._prepared: dict[str, str] | None = None
@@ -187,7 +184,7 @@ class GuestRunner:
                 time.sleep(POLL_INTERVAL)
 
     def _unreported(self) -> list[str]:
-        return [n for ids in self._runs for n in ids if n not in self._reported]
+        return [n for n in self._nodeids if n not in self._reported]
 
     def _reboot(self, e: GuestStopped) -> None:
         """Once per session, a guest that stopped as a whole (the emulator, not a test: a
@@ -201,8 +198,7 @@ class GuestRunner:
             stacklevel=1)
         self.close()
         self._rebooted = True
-        self._runs = [ids for ids in ([n for n in run if n in left] for run in self._runs)
-                      if ids]
+        self._nodeids = left
         self._start()
 
     def close(self) -> None:
@@ -221,9 +217,8 @@ class GuestRunner:
         self._new_results = FileTail(results)
         env = {k: v for k, v in os.environ.items() if k != FORCE_ENV} | self._prepared
         env[RESULTS_ENV] = str(results)
-        runs = [[sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
-                 *ids] for ids in self._runs]
-        argv = runs[0] if len(runs) == 1 else ["sh", "-c", "; ".join(map(shlex.join, runs))]
+        argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
+                *self._nodeids]
         timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
         self._guest.start(argv, cwd=self._rootdir, env=env, run_timeout=timeout)
 
@@ -248,12 +243,11 @@ class GuestRunner:
         return "\n".join(tails)
 
 
-def route_items(config: pytest.Config, items: list[pytest.Item],
-                runner: Callable[[list[str]], GuestRunner] | None = None) -> Route | None:
-    """Apply the route to the selected kernel items, in place (into a guest made by
-    `runner`, default the plain one). The route, or None if no kernel test was selected."""
+def route_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
+    """Apply the route to the selected kernel items, in place. The route, or None if no
+    kernel test was selected."""
     return route_marked(config, items, "kernel", choose_route,
-                        runner or (lambda nodeids: GuestRunner(config.rootpath, nodeids)))
+                        lambda nodeids: GuestRunner(config.rootpath, nodeids))
 
 
 def route_marked(config: pytest.Config, items: list[pytest.Item], marker: str,

@@ -76,13 +76,10 @@ def route_systemd_items(config: pytest.Config, items: list[pytest.Item]) -> Rout
 
 
 def artifacts_runner(config: pytest.Config, nodeids: list[str], guest: GuestConfig,
-                     build: Callable[[Path], dict[str, str]],
-                     after: list[str] | None = None) -> GuestRunner:
-    """A runner of `nodeids` (then of `after`, see GuestRunner) in `guest`, with what `build`
-    makes on the host just before the boot in a directory shared into the guest (removed at
-    the session's end)."""
+                     build: Callable[[Path], dict[str, str]]) -> GuestRunner:
+    """A runner of `nodeids` in `guest`, with what `build` makes on the host just before the
+    boot in a directory shared into the guest (removed at the session's end)."""
     artifacts = Path(tempfile.mkdtemp(prefix="dqoes-e2e-"))
     config.add_cleanup(lambda: shutil.rmtree(artifacts, ignore_errors=True))
     guest = replace(guest, shares=(*guest.shares, Share("e2e", artifacts)))
-    return GuestRunner(config.rootpath, nodeids, guest, prepare=lambda: build(artifacts),
-                       after=after)
+    return GuestRunner(config.rootpath, nodeids, guest, prepare=lambda: build(artifacts))
