@@ -71,8 +71,8 @@ quiet host mu is small, and a container admitted at its lean share costs 10% les
 the middle: that is what lets the last container in when CPU is scarce. The noisier the
 measurements, the nearer the middle; at a scatter of alpha/2 and more, the middle itself. An
 open-loop service's window latency scatters by tens of percent with its queue's chance
-(fewer the faster it is served), so its spare goes towards its band's fast edge, the most
-it may hold in S.
+(fewer the faster it is served), so its spare goes towards its band's fast edge, and
+beyond it what no other admitted container needs (below): faster, it is still in S.
 
 The knee: an open-loop service is never aimed busier than RHO_MAX of its cap (lean_i is at
 least lambda work e^mu / RHO_MAX), where its latency rises as 1/(1 - rho) and a few percent
@@ -129,13 +129,20 @@ Allocation: caps are guarantees
 -------------------------------
     i in A:          L_i = lean_i + theta (t_i - lean_i)   t_i = min(comfy_i, m_i)
                                                         theta = min(1, R / Σ_A (t_i - lean_i))
+    i in A, open:    L_i += min(u_i, kappa)              u_i = (min(lambda_i work_i e^mu_i /
+                                                                SPARE_RHO, m_i) - L_i)+
+                     kappa: Σ min(u_i, kappa) = what theta left of R
     i known, not A:  L_i = b_i + min(h_i, lambda)       h_i = min(max(comfy_i, b_i),
                                                                   m_i (1 + PROBE), T_R) - b_i
                      lambda: Σ min(h_i, lambda) = what A left of R (max h_i if all fits)
     idle:            L_i unchanged, raised to f if under it
 
 R = E - Σ_A c_i is what the admitted leave. It first moves them from their lean share towards
-the middle of the band (robustness), then goes to the containers that cannot be satisfied,
+the middle of the band (robustness), then raises the admitted open-loop services until
+their arrivals keep them busy at most SPARE_RHO of their cap (a service faster than its band
+is in S, and one further from its knee rides out a burst, a costlier request or the drift:
+after a departure, what it freed had gone to hopeless workers while the services stayed at
+their knee and left S at every burst), then goes to the containers that cannot be satisfied,
 each up to its middle share or what it can use: a max-min fair split, as CFS would share it,
 so a hopeless container gets as close to its target as the spare CPU allows but never takes
 what an admissible one needs, and no cap is larger than its container can use (plus the
@@ -251,6 +258,7 @@ DELIVERED_GAIN = 0.3  # the smoothing gain of the log of the share of its cap a 
 DELIVERED_MIN = 0.7  # ... believed down to this share
 QUEUE_RHO = (0.15, 0.95)  # K is measured in windows whose busy fraction is in this range
 RHO_FLOOR = 0.95  # an open-loop service is never capped above this busy fraction
+SPARE_RHO = 0.5  # what the admitted leave holds an admitted service at most this busy
 _TIE = 1e-12  # per slot, so that equal costs are admitted in slot order
 
 
@@ -751,9 +759,9 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     service_time_into(s.lean, s.aim, s)
     np.divide(s.top, s.lean, out=s.lean, where=known)
     # comfy: for the estimate itself, the middle of the band (in logs) for a back-to-back
-    # worker; for an open-loop service its fast edge, the most it may hold in S: a window's
-    # mean latency scatters by tens of percent with the queue's chance, much less the
-    # faster it is served.
+    # worker; for an open-loop service its fast edge (and beyond it what is spare:
+    # allocate_into): a window's mean latency scatters by tens of percent with the queue's
+    # chance, much less the faster it is served.
     np.multiply(target, math.sqrt(1.0 - alpha * alpha), out=s.aim)
     np.multiply(target, 1.0 - alpha, out=s.x)
     np.multiply(s.x, margin, out=s.x)
@@ -823,6 +831,19 @@ def allocate_into(limit_out: FloatArray, left: float, s: Scratch) -> None:
     left -= theta * room
     np.multiply(s.head, theta, out=s.x)
     np.add(s.x, s.lean, out=s.x)
+    # Then the admitted open-loop services, up to the share their arrivals keep busy
+    # SPARE_RHO of the time: faster than its band a service is still in S, and further from
+    # its knee it rides out a burst, a costlier request or the drift, where a container that
+    # cannot be satisfied gains nothing in S from that CPU.
+    np.multiply(s.knee, RHO_MAX / SPARE_RHO, out=s.head)  # 0 for a back-to-back worker
+    np.minimum(s.head, s.usable, out=s.head)
+    np.subtract(s.head, s.x, out=s.head)
+    np.maximum(s.head, 0.0, out=s.head)
+    np.putmask(s.head, np.logical_not(adm, out=s.mask), 0.0)
+    level = water_level(s.head, left, s)
+    np.minimum(s.head, level, out=s.head)
+    left -= masked_sum(s.head, adm, s.y)
+    np.add(s.x, s.head, out=s.x)
     np.putmask(limit_out, adm, s.x)
     # The others known: up to their comfortable share, their usable maximum (probed) or T_R.
     np.logical_not(adm, out=other)
