@@ -67,7 +67,7 @@ from .perfcounters import HardwareCounters
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet
 from .scrape import Job, Scraper, timeout_for
-from .snapshot import Counters, build
+from .snapshot import Counters, View, capture
 from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
@@ -365,13 +365,19 @@ class Controller:
                    for s in self.engine_targets.refused()]
         return [self.describe(t.name) for t in self.targets] + invalid
 
-    def status(self, only: str | None = None) -> Status:
+    def view(self, only: str | None = None) -> View:
+        """What the status of every target (or of `only`) shows, taken now at a cost that
+        does not grow with the targets: the loop waits only for this."""
         targets = [self.targets.get(only)] if only is not None else list(self.targets)
         systemd = (self.limiter.sent, self.limiter.failed) if self.limiter else (0, 0)
-        return build(targets, {t.name: str(self.rings.path(t.name)) for t in targets},
-                     self.targets.reasons, self.fleet, self.actuator, self.counters,
-                     self.policy.name, self.cpus, systemd, self.cfg.params.alpha,
-                     self.node_pressure, self.hardware, self.hardware_said, self.scraper)
+        return capture(targets, self.rings.frozen(), self.targets.reasons, self.fleet,
+                       self.actuator, self.counters, self.policy.name, self.cpus, systemd,
+                       self.cfg.params.alpha, self.node_pressure, self.hardware,
+                       self.hardware_said, self.scraper)
+
+    def status(self, only: str | None = None) -> Status:
+        """The status now, made at once (the view's, in the caller's thread)."""
+        return self.view(only).status()
 
     def summary(self) -> str:
         """One line for sd_notify's STATUS= on every tick: cheap, no per-container work
