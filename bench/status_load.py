@@ -5,10 +5,10 @@ status of all takes, with ENTRIES targets.
 
 Over a fake cgroup tree on tmpfs (bench/cgroups.py), BOUND cgroups get a target by path and
 container names that exist nowhere get one --pending, ENTRIES in all: status shows every
-one (the pending names are looked for off the loop, bench/scale.py). (A bound target holds seven descriptors; the host's hard limit of 20,000, which
-may not be raised, holds 2,784 targets, so the daemon here counts only bound ones against
-it.) With 0.5 s ticks, the gaps between ticks (the daemon's WATCHDOG=1 notifications) are
-taken over three windows:
+one (the pending names are looked for off the loop, bench/scale.py). A bound target holds
+seven descriptors, and the host's hard limit of 20,000, which may not be raised, holds
+2,784 targets: the daemon here counts only the bound ones against it. With 0.5 s ticks,
+the gaps between ticks (the daemon's WATCHDOG=1 notifications) are taken over three windows:
 
 1. quiet: WINDOW_S without a request;
 2. status: REQUESTS status of all, one after the other (each one's latency as the client

@@ -29,6 +29,7 @@ from .membership.objective import DEFAULT_METRIC, TRAINING_JOB, Objective, scrap
 from .membership.targets import TargetError
 from .snapshot import View
 from .state import StateError
+from .status import Listing
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,12 @@ def _unset_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
     return {"name": name, "restored": restored}
 
 
-def _list(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
-    return [t.to_json() for t in c.listings()]
+def _list(c: Controller, req: dict[str, Any], peer: Peer) -> Callable[[], list[Listing]]:
+    return c.listings_later()
+
+
+def _list_reply(listings: Callable[[], list[Listing]]) -> Any:
+    return [t.to_json() for t in listings()]
 
 
 def _status(c: Controller, req: dict[str, Any], peer: Peer) -> View:
@@ -118,7 +123,7 @@ def _mode(c: Controller, acting: bool, peer: Peer) -> Any:
 OPERATIONS: dict[str, Operation] = {
     "set-target": Operation(True, _set_target),
     "unset-target": Operation(True, _unset_target),
-    "list": Operation(False, _list),
+    "list": Operation(False, _list, _list_reply),
     "status": Operation(False, _status, _status_reply),
     "service-labels": Operation(True, _service_labels),
     "act": Operation(True, _act),

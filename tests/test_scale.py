@@ -314,9 +314,9 @@ def _calls(fn: Callable[[], object]) -> int:
 
 
 def test_a_status_costs_the_loop_the_same_work_at_any_number_of_targets(host: Host) -> None:
-    """The loop waits for a status only while its view of the tables is taken: copies of
-    arrays and dictionaries, the same calls whatever the number of targets (the work per
-    container, the status made of the view, is done away from the loop)."""
+    """The loop waits for a status (or a list) only while its view of the tables is taken:
+    copies of arrays and dictionaries, the same calls whatever the number of targets (the
+    work per container, the status made of the view, is done away from the loop)."""
     c = _controller(host, lambda names: resolve_many(names, host.mount))
     calls = {}
     for n in (10, 200):
@@ -331,10 +331,11 @@ def test_a_status_costs_the_loop_the_same_work_at_any_number_of_targets(host: Ho
             if len(c.fleet) == n:
                 break
         assert len(c.fleet) == n
-        c.view()  # anything done once, done
-        calls[n] = _calls(c.view)
+        c.view(), c.listings_later()  # anything done once, done
+        calls[n] = _calls(c.view), _calls(c.listings_later)
         shown = c.view().status().containers
         assert len(shown) == 2 * n and sum(s.cls == "pending" for s in shown) == n
+        assert [t.name for t in c.listings_later()()] == [t.name for t in c.targets]
     assert calls[200] == calls[10]
     c.shutdown()
 
