@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .jsonline import decode, encode, take_line
+from .jsonline import decode, encode, encode_in_parts, take_line
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class ControlServer:
     def _make(self, conn: socket.socket, later: Later) -> None:
         """In the thread for replies: make one, hand it to the loop and wake it."""
         try:
-            data = encode(later.make())
+            data = encode_in_parts(later.make())
         except Exception:  # a bug must not leave the client without an answer
             log.exception("control reply failed")
             data = encode(_error("internal error (see the daemon's log)"))

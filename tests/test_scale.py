@@ -22,7 +22,7 @@ import pytest
 
 from bench.cgroups import tmpfs_dir
 from bench.dqoesd import Dqoesd
-from dqoes_cg import control
+from dqoes_cg import control, jsonline
 from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import resolve_many
 from dqoes_cg.config import Config
@@ -376,6 +376,21 @@ def test_a_reply_made_away_from_the_loop_lets_it_look_meanwhile(
         client.join()
         server.close()
     assert got == [reply], str(got)[:200]
+
+
+def test_a_big_reply_is_encoded_an_item_at_a_time() -> None:
+    """A reply made away from the loop is encoded in pieces (each container of a status in
+    a call of its own), not in one call that holds the interpreter's lock throughout; the
+    bytes are encode's."""
+    rows = [{"name": f"c{k}", "class": "S", "pressure": {"cpu": {"some_ratio": None}},
+             "x": [1.5, float("nan")]} for k in range(1_000)]
+    status = {"version": 1, "ok": True,
+              "result": {"host": {"G": 1, "totals": {}}, "containers": rows}}
+    for doc in (status, {"version": 1, "ok": True, "result": rows},
+                {"version": 1, "ok": False, "error": "bad \u2028 \"name\""},
+                {"version": 1, "ok": True, "result": {1: "a", "b": []}}):
+        assert jsonline.encode_in_parts(doc) == jsonline.encode(doc)
+    assert len(list(jsonline._parts(status, 0))) > len(rows)
 
 
 def test_a_request_waiting_when_a_tick_overran_is_answered_in_one_look(
