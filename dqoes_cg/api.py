@@ -20,13 +20,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from .control import Peer, RequestError
+from .control import Later, Peer, RequestError
 from .controller import Controller
 from .membership.objective import DEFAULT_METRIC, TRAINING_JOB, Objective, scrape_from
 from .membership.targets import TargetError
+from .snapshot import View
 from .state import StateError
+from .status import Listing
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,10 @@ MAX_NAME = 256
 @dataclass(frozen=True)
 class Operation:
     write: bool  # needs root or the daemon's control group
-    run: Callable[[Controller, dict[str, Any], Peer], Any]
+    run: Callable[[Controller, dict[str, Any], Peer], Any]  # in the loop
+    # None: what `run` returns is the reply; else the reply made of it away from the loop
+    # (the work that grows with the number of targets)
+    reply: Callable[[Any], Any] | None = None
 
 
 def _set_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
@@ -70,13 +76,21 @@ def _unset_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
     return {"name": name, "restored": restored}
 
 
-def _list(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
-    return [t.to_json() for t in c.listings()]
+def _list(c: Controller, req: dict[str, Any], peer: Peer) -> Callable[[], list[Listing]]:
+    return c.listings_later()
 
 
-def _status(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
+def _list_reply(listings: Callable[[], list[Listing]]) -> Any:
+    return [t.to_json() for t in listings()]
+
+
+def _status(c: Controller, req: dict[str, Any], peer: Peer) -> View:
     only = req.get("container")
-    return c.status(None if only is None else _name(only)).to_json()
+    return c.view(None if only is None else _name(only))
+
+
+def _status_reply(view: View) -> Any:
+    return view.status().to_json()
 
 
 def _service_labels(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
@@ -109,8 +123,8 @@ def _mode(c: Controller, acting: bool, peer: Peer) -> Any:
 OPERATIONS: dict[str, Operation] = {
     "set-target": Operation(True, _set_target),
     "unset-target": Operation(True, _unset_target),
-    "list": Operation(False, _list),
-    "status": Operation(False, _status),
+    "list": Operation(False, _list, _list_reply),
+    "status": Operation(False, _status, _status_reply),
     "service-labels": Operation(True, _service_labels),
     "act": Operation(True, _act),
     "recommend": Operation(True, _recommend),
@@ -119,11 +133,14 @@ WRITE_OPS = frozenset(op for op, o in OPERATIONS.items() if o.write)
 
 
 def handle(controller: Controller, op: str, req: dict[str, Any], peer: Peer) -> Any:
-    """Run a request the control server has parsed and authorized."""
+    """Run a request the control server has parsed and authorized: its reply, or what
+    makes it away from the loop (`Later`)."""
+    operation = OPERATIONS[op]
     try:
-        return OPERATIONS[op].run(controller, req, peer)
+        taken = operation.run(controller, req, peer)
     except (TargetError, StateError) as e:
         raise RequestError(str(e)) from None
+    return taken if operation.reply is None else Later(partial(operation.reply, taken))
 
 
 def _name(value: Any) -> str:

@@ -11,11 +11,13 @@ same unless the daemon was started with --public-status. The peer is identified 
 SO_PEERCRED, never by what it claims.
 
 The server is non-blocking and driven by the daemon's loop (`poll`), so a slow or hostile
-client delays nothing but itself: replies are buffered and sent as the client reads them,
-every connection has a deadline (CLIENT_DEADLINE_S to send its request, then as long
-between the reply being ready and each part of it being read: the time the daemon takes
-to make a reply, a status of thousands of containers, is not the client's), and a user
-other than root may hold at most
+client delays nothing but itself: replies are buffered and sent as the client reads them;
+a reply whose making grows with the containers (a status of thousands of them) is made
+away from the loop, in the server's thread for replies, from what the handler took in the
+loop (`Later`), one at a time, and sent by the loop once made; every connection has a
+deadline (CLIENT_DEADLINE_S to send its request, then as long between the reply being
+ready and each part of it being read: the time the daemon takes to make a reply is not the
+client's), and a user other than root may hold at most
 MAX_CLIENTS_PER_UID connections and MAX_BUFFERED bytes of unsent replies; root is always
 served (up to MAX_ROOT_CLIENTS).
 """
@@ -24,18 +26,22 @@ from __future__ import annotations
 
 import grp
 import logging
+import math
 import os
+import queue
 import selectors
 import socket
 import stat
 import struct
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .jsonline import decode, encode, take_line
+from .jsonline import decode, encode, encode_in_parts, take_line
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,14 @@ BACKLOG = 128
 
 class RequestError(Exception):
     """A request the daemon refuses; the message goes back to the client as is."""
+
+
+@dataclass(frozen=True)
+class Later:
+    """A handler's result made away from the loop: `make()` runs in the server's thread for
+    replies (what it needs of the loop's state, the handler took)."""
+
+    make: Callable[[], Any]
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,14 @@ class ControlServer:
         self._buffered = 0  # unsent reply bytes of users other than root
         self._listener = self._listen()
         self._selector.register(self._listener, selectors.EVENT_READ)
+        # Replies made away from the loop: one at a time (each client has one request),
+        # handed back through `_made`, with a byte on `_wake` to end the loop's wait.
+        self._maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="control-replies")
+        self._made: queue.SimpleQueue[tuple[socket.socket, bytes]] = queue.SimpleQueue()
+        self._woken, self._wake = socket.socketpair()
+        for s in (self._woken, self._wake):
+            s.setblocking(False)
+        self._selector.register(self._woken, selectors.EVENT_READ)
 
     def _listen(self) -> socket.socket:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -127,10 +149,13 @@ class ControlServer:
         return sock
 
     def close(self) -> None:
+        self._maker.shutdown(wait=True, cancel_futures=True)
         for conn in list(self._clients):
             self._drop(conn)
         self._selector.close()
         self._listener.close()
+        self._woken.close()
+        self._wake.close()
         try:
             self.path.unlink()
         except FileNotFoundError:
@@ -145,6 +170,8 @@ class ControlServer:
             for key, events in self._selector.select(remaining):
                 if key.fileobj is self._listener:
                     self._accept()
+                elif key.fileobj is self._woken:
+                    self._send_made()
                 elif events & selectors.EVENT_WRITE:
                     self._send(key.fileobj)  # type: ignore[arg-type]
                 else:
@@ -201,14 +228,54 @@ class ControlServer:
 
     def _answer(self, conn: socket.socket, line: bytes | None) -> None:
         client = self._clients[conn]
-        data = encode(self._reply(client.peer, line))
+        reply = self._reply(client.peer, line)
+        if isinstance(reply, Later):
+            client.deadline = math.inf  # the time the daemon takes is not the client's
+            self._selector.unregister(conn)  # nothing more is read from it
+            self._maker.submit(self._make, conn, reply)
+            return
+        self._send_reply(conn, encode(reply))
+
+    def _make(self, conn: socket.socket, later: Later) -> None:
+        """In the thread for replies: make one, hand it to the loop and wake it."""
+        try:
+            data = encode_in_parts(later.make())
+        except Exception:  # a bug must not leave the client without an answer
+            log.exception("control reply failed")
+            data = encode(_error("internal error (see the daemon's log)"))
+        self._made.put((conn, data))
+        try:
+            self._wake.send(b"\0")
+        except BlockingIOError:  # full of wake-ups already: the loop will look
+            pass
+
+    def _send_made(self) -> None:
+        """Send the replies made away from the loop, to the clients still there."""
+        try:
+            while self._woken.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                conn, data = self._made.get_nowait()
+            except queue.Empty:
+                return
+            if conn in self._clients:
+                self._send_reply(conn, data)
+
+    def _send_reply(self, conn: socket.socket, data: bytes) -> None:
+        client = self._clients[conn]
         if client.peer.uid != 0:
             if self._buffered + len(data) > MAX_BUFFERED:
                 data = encode(_error("daemon busy: too many unread replies; try again"))
             self._buffered += len(data)
         client.reply = memoryview(data)
         client.deadline = time.monotonic() + CLIENT_DEADLINE_S
-        self._selector.modify(conn, selectors.EVENT_WRITE)
+        if conn in self._selector.get_map():
+            self._selector.modify(conn, selectors.EVENT_WRITE)
+        else:  # its reply was made away from the loop
+            self._selector.register(conn, selectors.EVENT_WRITE)
         self._send(conn)
 
     def _send(self, conn: socket.socket) -> None:
@@ -228,28 +295,25 @@ class ControlServer:
         if not client.reply:
             self._drop(conn)
 
-    def _reply(self, peer: Peer, line: bytes | None) -> dict[str, Any]:
+    def _reply(self, peer: Peer, line: bytes | None) -> dict[str, Any] | Later:
+        """The reply to a request, or what makes it away from the loop."""
+        return _replied(partial(self._run, peer, line))
+
+    def _run(self, peer: Peer, line: bytes | None) -> Any:
+        if line is None:
+            raise RequestError(f"request larger than {MAX_REQUEST} bytes")
         try:
-            if line is None:
-                raise RequestError(f"request larger than {MAX_REQUEST} bytes")
-            try:
-                req = decode(line)
-            except ValueError as e:
-                raise RequestError(f"request {e}") from None
-            if req.get("version") != PROTOCOL_VERSION:
-                raise RequestError(f"protocol version {req.get('version')!r:.40} not "
-                                   f"supported (daemon speaks {PROTOCOL_VERSION})")
-            op = req.get("op")
-            if not isinstance(op, str) or op not in self._ops:
-                raise RequestError(f"unknown operation {op!r:.60}")
-            self._authorize(op, peer)
-            return {"version": PROTOCOL_VERSION, "ok": True,
-                    "result": self._handler(op, req, peer)}
-        except RequestError as e:
-            return _error(str(e))
-        except Exception:  # a bug must not take the daemon down with it
-            log.exception("control request failed")
-            return _error("internal error (see the daemon's log)")
+            req = decode(line)
+        except ValueError as e:
+            raise RequestError(f"request {e}") from None
+        if req.get("version") != PROTOCOL_VERSION:
+            raise RequestError(f"protocol version {req.get('version')!r:.40} not "
+                               f"supported (daemon speaks {PROTOCOL_VERSION})")
+        op = req.get("op")
+        if not isinstance(op, str) or op not in self._ops:
+            raise RequestError(f"unknown operation {op!r:.60}")
+        self._authorize(op, peer)
+        return self._handler(op, req, peer)
 
     def _authorize(self, op: str, peer: Peer) -> None:
         if peer.uid == 0 or (not self._ops[op] and self._public_read):
@@ -274,6 +338,20 @@ class ControlServer:
         except (KeyError, ValueError):
             pass
         conn.close()
+
+
+def _replied(run: Callable[[], Any]) -> dict[str, Any] | Later:
+    """The reply of what `run` returns (a `Later`: what makes it), or of its error."""
+    try:
+        result = run()
+    except RequestError as e:
+        return _error(str(e))
+    except Exception:  # a bug must not take the daemon down with it
+        log.exception("control request failed")
+        return _error("internal error (see the daemon's log)")
+    if isinstance(result, Later):
+        return Later(partial(_replied, result.make))
+    return {"version": PROTOCOL_VERSION, "ok": True, "result": result}
 
 
 def _error(message: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -60,14 +61,14 @@ from .engines.watcher import Watcher
 from .fleet import Fleet
 from .membership.engine_targets import EngineTargets
 from .membership.objective import ENGINE_SOURCES, Objective, Target
-from .membership.rings import Rings
+from .membership.rings import RingPaths, Rings
 from .membership.targets import Binder, ResolveMany, TargetError, Targets
 from .nodepressure import NodePressure
 from .perfcounters import HardwareCounters
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet
 from .scrape import Job, Scraper, timeout_for
-from .snapshot import Counters, build
+from .snapshot import Counters, View, capture
 from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
@@ -359,19 +360,32 @@ class Controller:
         return listing(t, str(self.rings.path(name)), self.targets.reasons.get(name))
 
     def listings(self) -> list[Listing]:
+        return self.listings_later()()
+
+    def listings_later(self) -> Callable[[], list[Listing]]:
+        """What makes the listing of every target, from what is taken of them now (no
+        work per target: the loop waits only for this), and of the containers whose labels
+        are refused."""
         invalid = [refused(s.name, s.source,
                            s.cgroup.path.as_posix() if not isinstance(s.cgroup, CgroupError)
                            else None, str(s.ring or self.rings.path(s.name)), s.error)
                    for s in self.engine_targets.refused()]
-        return [self.describe(t.name) for t in self.targets] + invalid
+        return partial(_listings, list(self.targets), self.rings.frozen(),
+                       dict(self.targets.reasons), invalid)
 
-    def status(self, only: str | None = None) -> Status:
+    def view(self, only: str | None = None) -> View:
+        """What the status of every target (or of `only`) shows, taken now at a cost that
+        does not grow with the targets: the loop waits only for this."""
         targets = [self.targets.get(only)] if only is not None else list(self.targets)
         systemd = (self.limiter.sent, self.limiter.failed) if self.limiter else (0, 0)
-        return build(targets, {t.name: str(self.rings.path(t.name)) for t in targets},
-                     self.targets.reasons, self.fleet, self.actuator, self.counters,
-                     self.policy.name, self.cpus, systemd, self.cfg.params.alpha,
-                     self.node_pressure, self.hardware, self.hardware_said, self.scraper)
+        return capture(targets, self.rings.frozen(), self.targets.reasons, self.fleet,
+                       self.actuator, self.counters, self.policy.name, self.cpus, systemd,
+                       self.cfg.params.alpha, self.node_pressure, self.hardware,
+                       self.hardware_said, self.scraper)
+
+    def status(self, only: str | None = None) -> Status:
+        """The status now, made at once (the view's, in the caller's thread)."""
+        return self.view(only).status()
 
     def summary(self) -> str:
         """One line for sd_notify's STATUS= on every tick: cheap, no per-container work
@@ -392,3 +406,8 @@ class Controller:
         if self.hardware is not None:
             self.hardware.close()
         self.targets.store.close()
+
+
+def _listings(targets: list[Target], rings: RingPaths, reasons: dict[str, str],
+              invalid: list[Listing]) -> list[Listing]:
+    return [listing(t, str(rings.of(t)), reasons.get(t.name)) for t in targets] + invalid

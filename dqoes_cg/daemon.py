@@ -4,8 +4,10 @@ Every --sample-interval it runs one tick of the controller (sample all cgroups a
 decide when the policy is due, apply changed limits, reconcile), and between ticks it serves
 dqoesctl on the control socket. SIGTERM/SIGINT stop it cleanly: every limit it changed is
 given back. After a crash, the next start re-adopts the containers from --state-dir.
-Two threads help, off the loop: one tells systemd the limits of cgroups that are its units
-(systemd_units), one serves Prometheus metrics when --metrics-listen asks for them.
+Threads help, off the loop: one tells systemd the limits of cgroups that are its units
+(systemd_units), one serves Prometheus metrics when --metrics-listen asks for them, one
+makes the replies to status (control.py): the loop takes only a view of its tables for one
+(snapshot.py), at a cost that does not grow with the containers.
 """
 
 from __future__ import annotations
@@ -120,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         if not lock.acquire(timeout=SNAPSHOT_WAIT_S):
             return None
         try:
-            return controller.status()
+            view = controller.view()
         finally:
             lock.release()
+        return view.status()  # made while the loop goes on
 
     metrics = None
     engine = None

@@ -1,5 +1,7 @@
-"""The status snapshot of the loop's tables (`build`) and what the loop counts for it
-(`Counters`): the daemon's side of status.py, which dqoesctl reads without numpy.
+"""The status snapshot of the loop's tables: a view taken while the loop waits, at a cost
+that does not grow with the containers (`capture`), and the status made of it away from
+the loop (`View.status`); and what the loop counts for it (`Counters`). The daemon's side
+of status.py, which dqoesctl reads without numpy.
 """
 
 from __future__ import annotations
@@ -7,9 +9,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .membership.objective import TRAINING, Target
+from .membership.rings import RingPaths
 from .policy import Cls
 from .ring import STATS
 from .status import CLASSES, ContainerStatus, HostStatus, Status, pressure_of
@@ -37,62 +42,119 @@ class Counters:
     class_counts: list[int] = field(default_factory=lambda: [0] * len(Cls))
 
 
-def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
-          fleet: Fleet, actuator: Actuator, counters: Counters, policy: str, cpus: float,
-          systemd: tuple[int, int], alpha: float, node: NodePressure | None = None,
-          hardware: HardwareCounters | None = None, hardware_said: str | None = None,
-          scraper: Scraper | None = None) -> Status:
-    """The status of `targets` (all, or the one asked for) from the loop's tables; when
-    the actuator only recommends, with the limit it would set and the class expected under
-    it (`alpha`: the policy's tolerance band). What slowed each container, and the node
-    (`node`, `hardware` and what was said of it at start), over the last window."""
-    t = fleet.table
-    foreign_writes, contested = actuator.foreign_writes, actuator.contested  # both files'
-    containers = []
-    for target in targets:
-        i = fleet.slot.get(target.name)
-        if i is None:
+@dataclass(frozen=True)
+class Rows:
+    """Copies of the loop's per-slot arrays that status shows, by `slot`."""
+
+    slot: dict[str, int]
+    cpus: float  # the fleet's: its usage is a share of them
+    arrays: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, fleet: Fleet, actuator: Actuator) -> Rows:
+        """Copies of `fleet`'s and `actuator`'s arrays (memory copies: no Python work per
+        container)."""
+        t, r = fleet.table, fleet.rings
+        arrays = {
+            "classes": fleet.classes, "score": fleet.score, "measured": fleet.measured,
+            "tick_cores": fleet.tick_cores, "throttled_ratio": fleet.throttled_ratio,
+            "samples": fleet.samples, "quota": t.max_quota_usec, "period": t.max_period_usec,
+            "foreign_writes": actuator.foreign_writes, "contested": actuator.contested,
+            "limit": actuator.limit, "evaluation": fleet.evaluation, "rate": fleet.rate,
+            "usage": fleet.usage, "mean": r.stats[MEAN], "p95": r.stats[P95],
+            "stall_share": fleet.stall_share.T, "stall_avg10": fleet.stall_avg10.T,
+            "throttled_window": fleet.throttled_window}
+        return cls(dict(fleet.slot), fleet.cpus, {k: np.array(v) for k, v in arrays.items()})
+
+
+@dataclass(frozen=True)
+class View:
+    """What a status shows, taken from the loop's tables while it waits (`capture`): the
+    targets (never changed in place: a change replaces one), copies of the dictionaries
+    and arrays, the host's figures. `status` makes the status of it, away from the loop:
+    that is the work per container."""
+
+    targets: list[Target]
+    rings: RingPaths
+    reasons: dict[str, str]
+    rows: Rows
+    host: dict[str, Any]  # HostStatus but the counts of each class
+    acting: bool
+    alpha: float
+    ipc: dict[str, float] | None  # hardware counters by name, where counted
+    llc_misses_per_s: dict[str, float] | None
+    scrape_errors: dict[str, str] | None  # None: no scraper
+    scrape_error_s: dict[str, float] | None
+
+    def status(self) -> Status:
+        rows, acting, alpha = self.rows, self.acting, self.alpha
+        a = {k: v.tolist() for k, v in rows.arrays.items()}  # Python numbers, read fast
+        classes, score, measured, tick_cores = (a["classes"], a["score"], a["measured"],
+                                                a["tick_cores"])
+        errors, error_s = self.scrape_errors, self.scrape_error_s
+        containers = []
+        for target in self.targets:
+            name = target.name
+            i = rows.slot.get(name)
+            if i is None:
+                containers.append(ContainerStatus(
+                    name, "pending", target.target_s, target.metric, None, None, None,
+                    0.0, 0.0, 0, target.cgroup, str(self.rings.of(target)), target.source,
+                    reason=self.reasons.get(name), kind=target.kind, metrics=target.metrics,
+                    histogram=target.histogram))
+                continue
+            cls = Cls(classes[i])
+            training = target.kind == TRAINING
+            score_i = None if cls == Cls.IDLE else _finite(score[i])
+            quota, period = a["quota"][i], a["period"][i]
+            would = None if acting else _finite(a["limit"][i] * self.host["budget_cpus"])
+            measured_i, usage = _finite(measured[i]), float(tick_cores[i])
+            throttled = float(a["throttled_ratio"][i])
             containers.append(ContainerStatus(
-                target.name, "pending", target.target_s, target.metric, None, None, None,
-                0.0, 0.0, 0, target.cgroup, rings[target.name], target.source,
-                reason=reasons.get(target.name), kind=target.kind, metrics=target.metrics,
-                histogram=target.histogram))
-            continue
-        cls = Cls(int(fleet.classes[i]))
-        training = target.kind == TRAINING
-        score = None if cls == Cls.IDLE else _finite(fleet.score[i])
-        quota, period = int(t.max_quota_usec[i]), int(t.max_period_usec[i])
-        would = None if actuator.acting else _finite(actuator.limit[i] * cpus)
-        measured, usage = _finite(fleet.measured[i]), float(fleet.tick_cores[i])
-        throttled = float(fleet.throttled_ratio[i])
-        containers.append(ContainerStatus(
-            target.name, "idle" if cls == Cls.IDLE else cls.name, target.target_s,
-            target.metric, measured, None if training else score,
-            None if quota < 0 or period <= 0 else quota / period, usage, throttled,
-            int(fleet.samples[i]), target.cgroup, rings[target.name], target.source,
-            int(foreign_writes[i]), bool(contested[i]), kind=target.kind,
-            evaluation=_finite(fleet.evaluation[i]) if training else None,
-            growth_efficiency=score if training else None, recommended_limit_cores=would,
-            expected_class=None if training else expected_class(
-                target.target_s, measured, usage, throttled > 0, would, alpha),
-            rate_hz=_finite(fleet.rate[i]),
-            window_usage_cores=_finite(fleet.usage[i] * fleet.cpus),
-            mean_s=None if training else _finite(fleet.rings.stats[MEAN, i]),
-            p95_s=None if training else _finite(fleet.rings.stats[P95, i]),
-            pressure=pressure_of([_finite(x) for x in fleet.stall_share[:, i]],
-                                 [_finite(x) for x in fleet.stall_avg10[:, i]]),
-            throttled_window_ratio=_finite(fleet.throttled_window[i]),
-            ipc=_counted(hardware and hardware.ipc, target.name),
-            llc_misses_per_s=_counted(hardware and hardware.llc_misses_per_s, target.name),
-            metrics=target.metrics, histogram=target.histogram,
-            scrape_error=scraper.errors.get(target.name) if scraper else None,
-            measured_error_s=_finite(scraper.error_s.get(target.name, math.nan))
-            if scraper and measured is not None else None))
-    counts = {k: sum(1 for c in containers if c.cls == k) for k in CLASSES}
+                name, "idle" if cls == Cls.IDLE else cls.name, target.target_s,
+                target.metric, measured_i, None if training else score_i,
+                None if quota < 0 or period <= 0 else quota / period, usage, throttled,
+                int(a["samples"][i]), target.cgroup, str(self.rings.of(target)),
+                target.source, int(a["foreign_writes"][i]), bool(a["contested"][i]),
+                kind=target.kind,
+                evaluation=_finite(a["evaluation"][i]) if training else None,
+                growth_efficiency=score_i if training else None,
+                recommended_limit_cores=would,
+                expected_class=None if training else expected_class(
+                    target.target_s, measured_i, usage, throttled > 0, would, alpha),
+                rate_hz=_finite(a["rate"][i]),
+                window_usage_cores=_finite(a["usage"][i] * rows.cpus),
+                mean_s=None if training else _finite(a["mean"][i]),
+                p95_s=None if training else _finite(a["p95"][i]),
+                pressure=pressure_of([_finite(x) for x in a["stall_share"][i]],
+                                     [_finite(x) for x in a["stall_avg10"][i]]),
+                throttled_window_ratio=_finite(a["throttled_window"][i]),
+                ipc=_counted(self.ipc, name),
+                llc_misses_per_s=_counted(self.llc_misses_per_s, name),
+                metrics=target.metrics, histogram=target.histogram,
+                scrape_error=errors.get(name) if errors is not None else None,
+                measured_error_s=_finite(error_s.get(name, math.nan))
+                if error_s is not None and measured_i is not None else None))
+        counts = dict.fromkeys(CLASSES, 0)
+        for c in containers:
+            counts[c.cls] += 1
+        return Status(HostStatus(**counts, **self.host), containers)
+
+
+def capture(targets: list[Target], rings: RingPaths, reasons: dict[str, str], fleet: Fleet,
+            actuator: Actuator, counters: Counters, policy: str, cpus: float,
+            systemd: tuple[int, int], alpha: float, node: NodePressure | None = None,
+            hardware: HardwareCounters | None = None, hardware_said: str | None = None,
+            scraper: Scraper | None = None) -> View:
+    """The view of `targets` (all, or the one asked for) in the loop's tables now: copies,
+    taken with no Python work per container; when the actuator only recommends, its status
+    shows the limit it would set and the class expected under it (`alpha`: the policy's
+    tolerance band). What slowed each container, and the node (`node`, `hardware` and what
+    was said of it at start), over the last window."""
     r = fleet.rings
     n = len(fleet)
-    host = HostStatus(
-        **counts, policy=policy, interval_s=counters.interval,
+    host = dict(
+        policy=policy, interval_s=counters.interval,
         last_decision_age_s=(None if counters.last_decision is None
                              else time.monotonic() - counters.last_decision),
         last_decision_unix=counters.last_decision_wall, budget_cpus=cpus,
@@ -101,8 +163,8 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
         ring_faults=int(r.faults.sum()) if n else 0,
         ring_lost=int(r.lost_overrun.sum() + r.torn.sum() + r.invalid.sum()) if n else 0,
         totals=dict(counters.totals),
-        foreign_writes=int(foreign_writes.sum()) if n else 0,
-        contested=int(contested.sum()) if n else 0,
+        foreign_writes=int(actuator.foreign_writes.sum()) if n else 0,
+        contested=int(actuator.contested.sum()) if n else 0,
         systemd_sent=systemd[0], systemd_failed=systemd[1], acting=actuator.acting,
         pressure={} if node is None else pressure_of([_finite(x) for x in node.share],
                                                      [_finite(x) for x in node.avg10]),
@@ -110,7 +172,11 @@ def build(targets: list[Target], rings: dict[str, str], reasons: dict[str, str],
         ipc=_counted(hardware and hardware.ipc, hardware and hardware.NODE),
         llc_misses_per_s=_counted(hardware and hardware.llc_misses_per_s,
                                   hardware and hardware.NODE))
-    return Status(host, containers)
+    return View(targets, rings, dict(reasons), Rows.of(fleet, actuator), host,
+                actuator.acting, alpha, hardware.ipc if hardware else None,
+                hardware.llc_misses_per_s if hardware else None,
+                dict(scraper.errors) if scraper else None,
+                dict(scraper.error_s) if scraper else None)
 
 
 def _counted(rates: dict[str, float] | None, name: str | None) -> float | None:

@@ -10,10 +10,11 @@ import itertools
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +22,11 @@ import pytest
 
 from bench.cgroups import tmpfs_dir
 from bench.dqoesd import Dqoesd
-from dqoes_cg import control
+from dqoes_cg import control, jsonline
 from dqoes_cg import controller as controller_module
 from dqoes_cg.cgroup import resolve_many
 from dqoes_cg.config import Config
-from dqoes_cg.control import ControlServer, Peer, request
+from dqoes_cg.control import ControlServer, Later, Peer, request
 from dqoes_cg.controller import (
     FD_RESERVE,
     FDS_PER_TARGET,
@@ -296,6 +297,102 @@ def test_a_reply_slower_to_make_than_the_client_deadline_is_sent_whole(
             server.close()
 
 
+def _calls(fn: Callable[[], object]) -> int:
+    """How many Python and C functions `fn()` calls in this thread."""
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_status_costs_the_loop_the_same_work_at_any_number_of_targets(host: Host) -> None:
+    """The loop waits for a status (or a list) only while its view of the tables is taken:
+    copies of arrays and dictionaries, the same calls whatever the number of targets (the
+    work per container, the status made of the view, is done away from the loop)."""
+    c = _controller(host, lambda names: resolve_many(names, host.mount))
+    calls = {}
+    for n in (10, 200):
+        while len(c.targets) < 2 * n:
+            k = len(c.targets) // 2
+            path = f"pods/c{k:03d}"
+            make_cgroup(host.mount, path)
+            c.set_target(path, Objective(0.1, "mean"), False)
+            c.set_target(f"absent-{k}", Objective(0.1, "mean"), True)
+        for _ in range(100):
+            c.tick(time.monotonic())
+            if len(c.fleet) == n:
+                break
+        assert len(c.fleet) == n
+        c.view(), c.listings_later()  # anything done once, done
+        calls[n] = _calls(c.view), _calls(c.listings_later)
+        shown = c.view().status().containers
+        assert len(shown) == 2 * n and sum(s.cls == "pending" for s in shown) == n
+        assert [t.name for t in c.listings_later()()] == [t.name for t in c.targets]
+    assert calls[200] == calls[10]
+    c.shutdown()
+
+
+def test_a_reply_made_away_from_the_loop_lets_it_look_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply made in the server's thread for replies (`Later`): the loop goes on looking
+    while it is made, however long past the client deadline, and then sends it whole."""
+    monkeypatch.setattr(control, "CLIENT_DEADLINE_S", 0.2)
+    looked = threading.Event()
+    reply = "x" * (8 << 20)
+
+    def make() -> str:
+        if not looked.wait(120):
+            raise AssertionError("the loop did not look while a reply was made")
+        return reply
+
+    server = ControlServer(tmp_path / "s.sock", lambda op, req, peer: Later(make),
+                           {"status": False})
+    got: list[object] = []
+
+    def ask() -> None:
+        try:
+            got.append(request(server.path, "status", timeout=120))
+        except Exception as e:  # shown by the assertion below
+            got.append(e)
+
+    client = threading.Thread(target=ask)
+    client.start()
+    looks = 0
+    try:
+        while client.is_alive():
+            server.poll(0.05)
+            looks += 1
+            if looks == 20:  # 1 s at least: five client deadlines
+                looked.set()
+    finally:
+        client.join()
+        server.close()
+    assert got == [reply], str(got)[:200]
+
+
+def test_a_big_reply_is_encoded_an_item_at_a_time() -> None:
+    """A reply made away from the loop is encoded in pieces (each container of a status in
+    a call of its own), not in one call that holds the interpreter's lock throughout; the
+    bytes are encode's."""
+    rows = [{"name": f"c{k}", "class": "S", "pressure": {"cpu": {"some_ratio": None}},
+             "x": [1.5, float("nan")]} for k in range(1_000)]
+    status = {"version": 1, "ok": True,
+              "result": {"host": {"G": 1, "totals": {}}, "containers": rows}}
+    for doc in (status, {"version": 1, "ok": True, "result": rows},
+                {"version": 1, "ok": False, "error": "bad \u2028 \"name\""},
+                {"version": 1, "ok": True, "result": {1: "a", "b": []}}):
+        assert jsonline.encode_in_parts(doc) == jsonline.encode(doc)
+    assert len(list(jsonline._parts(status, 0))) > len(rows)
+
+
 def test_a_request_waiting_when_a_tick_overran_is_answered_in_one_look(
         tmp_path: Path) -> None:
     """After a tick longer than the sample interval the loop looks once: a request that
@@ -405,5 +502,53 @@ def test_root_is_answered_and_ticks_go_on_while_pending_names_are_walked_for(
         assert during, (seen[0], seen[-1], walked_at, d.ticks_between(seen[0] - 5, walked_at),
                         d.log_tail())
         assert answered >= TICKS_AFTER
+        assert d.proc.poll() is None
+    assert "Traceback" not in d.log.read_text()
+
+
+# dqoesd, with each status made only once the loop has ticked SLOW_STATUS_TICKS times more
+# than when its view was taken: never, if the loop waits for the status to be made.
+SLOW_STATUS_TICKS = 3
+_SLOW_STATUS = f"""
+import sys, threading
+from dqoes_cg import controller, snapshot
+ticked, ticks = threading.Condition(), [0]
+tick, status = controller.Controller.tick, snapshot.View.status
+
+def counted(self, now):
+    tick(self, now)
+    with ticked:
+        ticks[0] += 1
+        ticked.notify_all()
+
+def made_later(self):
+    with ticked:
+        if not ticked.wait_for(lambda: ticks[0] >= self.host["ticks"] + {SLOW_STATUS_TICKS},
+                               timeout=120):
+            raise RuntimeError("the loop did not tick while a status was made")
+    return status(self)
+
+controller.Controller.tick, snapshot.View.status = counted, made_later
+from dqoes_cg.daemon import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_loop_ticks_while_a_status_is_made(tmp_path: Path) -> None:
+    mount = tmp_path / "cgroup"
+    names = [f"pods/c{i:02d}" for i in range(20)]
+    for name in names:
+        make_cgroup(mount, name)
+    (tmp_path / "daemon").mkdir()
+    with Dqoesd(tmp_path / "daemon", mount, "--sample-interval", "0.2",
+                command=(sys.executable, "-c", _SLOW_STATUS)) as d:
+        for name in names:
+            d.request("set-target", container=name, target_s=0.1, metric="mean")
+        for _ in range(2):
+            shown = d.request("status")
+            assert [c["name"] for c in shown["containers"]] == names
+            assert d.request("status", container=names[0])["containers"][0]["name"] \
+                == names[0]
+        assert d.request("list")[0]["name"] == names[0]
         assert d.proc.poll() is None
     assert "Traceback" not in d.log.read_text()

@@ -6,6 +6,7 @@ target and removes with it. The producers and the format: ring.py, docs/ring-for
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..ring import create_ring, ring_dir_name, ring_path
@@ -40,6 +41,11 @@ class Rings:
                 self._own[name] = path
         return path
 
+    def frozen(self) -> RingPaths:
+        """The ring paths as they are now, for reading away from the loop (a copy of the
+        kept paths: no Python work per target)."""
+        return RingPaths(self.run_dir, dict(self._own))
+
     def ensure(self, name: str) -> None:
         """Create the ring of `name` if it has none (TargetError if it cannot)."""
         path = self.path(name)
@@ -59,3 +65,16 @@ class Rings:
         with contextlib.suppress(OSError):  # a container still has it open: harmless
             path.unlink()
             path.parent.rmdir()
+
+
+@dataclass(frozen=True)
+class RingPaths:
+    """The ring paths of the targets at one time (`Rings.frozen`)."""
+
+    run_dir: Path
+    own: dict[str, Path]
+
+    def of(self, target: Target) -> Path:
+        if target.ring is not None:
+            return Path(target.ring)
+        return self.own.get(target.name) or ring_path(self.run_dir, ring_dir_name(target.name))
