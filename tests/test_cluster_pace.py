@@ -5,11 +5,14 @@ timed."""
 
 from __future__ import annotations
 
+import math
 from itertools import pairwise
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from dqoes_cg.cluster import manager as manager_module
 from dqoes_cg.cluster import pace as pace_module
 from dqoes_cg.cluster.agent import Agent, ManagerLink
 from dqoes_cg.cluster.manager import MIN_GAP, Manager
@@ -18,6 +21,9 @@ from dqoes_cg.cluster.protocol import Ack, ProtocolError, parse
 from dqoes_cg.jsonline import encode
 from tests.fakeswarm import StubEngine
 from tests.test_cluster_scale import node_id, report, swarm
+
+if TYPE_CHECKING:
+    from dqoes_cg.cluster.protocol import Message
 
 NODES = 1000
 
@@ -69,7 +75,8 @@ def test_a_node_is_late_after_three_intervals_asked() -> None:
 
 
 def test_the_acknowledgement_asks_the_interval_and_the_next_report_is_due_after_a_gap(
-        ) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager_module, "PACE_WINDOW_S", math.inf)  # the interval as set
     manager = Manager(swarm(2), "m" * 25)
     manager.tick(100.0)
     assert manager.report_due(node_id(0)) == -float("inf")  # never reported: at once
@@ -112,3 +119,32 @@ def test_the_agent_reports_at_the_longest_interval_asked_within_its_bounds(tmp_p
     assert agent.interval(1.0) == MAX_INTERVAL_S  # a manager cannot silence it
     links["b" * 25].interval_s = 0.01
     assert agent.interval(1.0) == 3.0
+
+
+class ScriptedChannel:
+    """A channel whose receive() plays `script` (a message, or None: nothing came), then
+    stops the link."""
+
+    def __init__(self, link: ManagerLink, script: list[Message | None]) -> None:
+        self.link, self.script = link, script
+        self.sent: list[int] = []
+
+    def send(self, message: Message, timeout: float) -> None:
+        self.sent.append(message.seq)  # type: ignore[union-attr]
+
+    def receive(self, timeout: float) -> Message | None:
+        if len(self.script) == 1:
+            self.link._stopping.set()
+        self.link.offer(report(0, len(self.sent) + 10 * len(self.script)))
+        return self.script.pop(0)
+
+
+def test_a_manager_has_one_report_of_the_agent_unanswered_at_most() -> None:
+    link = ManagerLink("a" * 25, "127.0.0.1", 1, None)  # type: ignore[arg-type]
+    link.offer(report(0, 1))
+    # newer reports are offered at every turn; two turns without an answer, then one
+    channel = ScriptedChannel(link, [None, None, Ack(1, (), 4.0), None, Ack(99, ())])
+    link._converse(channel)  # type: ignore[arg-type]
+    assert len(channel.sent) == 2  # the first, and after its answer the latest
+    assert channel.sent[1] > 1
+    assert link.interval_s is None  # the latest answer asks for the agent's own

@@ -14,8 +14,9 @@ agents as asyncio tasks, each with its own node certificate from one Swarm CA (t
 checks each as it checks Swarm's), each sending its node's report of its --containers
 containers (all in S) every --period seconds (the agent's default), at phases spread over
 the period, or at the longer interval the manager's acknowledgements ask (back-pressure:
-pace.py); as dqoes-agent does, one whose report the manager does not take within the
-agent's send timeout connects again (each such failure counts in agent_errors). Measured,
+pace.py), and only once the report before was answered (else at the next period, as
+dqoes-agent holds it); as dqoes-agent does, one whose report the manager does not take
+within the agent's send timeout connects again (each such failure counts in agent_errors). Measured,
 each over the same run:
 
 - CPU per report: the manager process's CPU time (user + system) over --steady seconds,
@@ -340,6 +341,8 @@ class Agents:
             while not stop.is_set() and not acks.done():
                 await asyncio.sleep(max(0.0, next_at - loop.time()))
                 next_at = max(next_at + self.interval(i), loop.time())
+                if (i, self.seq[i]) in self._sent:  # unanswered: this one waits (agent.py)
+                    continue
                 self.seq[i] += 1
                 overloaded = i in self.marked
                 line = self.overloaded[i] if overloaded else self.lines[i]

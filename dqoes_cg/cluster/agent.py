@@ -15,7 +15,10 @@ address on --port; its certificate must name that manager's node ID and the mana
 
 Each manager's acknowledgement asks for the report interval it can sustain (back-pressure,
 pace.py); the agent reports at the longest interval its managers ask, bounded by its own
---interval and pace.MAX_INTERVAL_S, and at its own again when they ask for it.
+--interval and pace.MAX_INTERVAL_S, and at its own again when they ask for it. A manager
+has at most one of its reports unanswered at a time: a newer report waits for the answer,
+and replaces the one that waited, so a manager that falls behind gets fewer reports, not a
+queue of old ones.
 
 It keeps the labels it was given while no manager answers (targets are not lost when the
 manager restarts), gives them to dqoesd again when dqoesd restarts, and takes the labels
@@ -192,7 +195,7 @@ class ManagerLink:
         while not self._stopping.is_set():
             with self._lock:
                 report = self._report
-            if report is not None and report.seq != sent:
+            if report is not None and report.seq != sent and unanswered is None:
                 channel.send(report, SEND_TIMEOUT_S)
                 sent = report.seq
                 if unanswered is None:

@@ -28,7 +28,8 @@ started may be reported before Swarm's list shows its container). Refused claims
 counted per node, logged, and named in the reply to the report; they change nothing.
 
 The reply also asks the node for the report interval the manager can sustain (pace.py),
-worked out after every tick from the CPU time its reports and its ticks took; a node's
+worked out every PACE_WINDOW_S, as reports come, from the CPU time the process took and
+what its ticks took of it, and from how late its last tick started; a node's
 reports are taken no sooner than MIN_GAP of that interval apart (`report_due`), however
 fast it sends them.
 """
@@ -71,6 +72,7 @@ log = logging.getLogger(__name__)
 
 GRACE_S = 10.0
 NODE_TIMEOUT_S = 5.0  # without a report, a node is unreachable
+PACE_WINDOW_S = 1.0
 MIN_GAP = 0.25  # of the interval asked: a node's reports are taken no closer together
 MAX_RECOMMENDED = 20  # updates a recommending manager keeps in its view, the latest
 RESPLIT_S = 5.0  # a pipeline's split is made again at most so often (its stages' windows
@@ -189,8 +191,12 @@ class Manager:
         self._quiet: dict[str, float] = {}  # placement refusals logged, and when
         self._per_node = RateLimitedLog(log)  # a node chooses how many claims it refuses
         self.pace = Pace()
-        self._taken = 0  # reports taken since the last tick
-        self._window = (time.monotonic(), time.process_time())  # the last tick's end
+        # The pace's window: since when (monotonic, process CPU), reports taken, the CPU of
+        # the ticks ended in it, how late the latest tick started
+        self._window = (time.monotonic(), time.process_time())
+        self._taken = 0
+        self._tick_cpu = 0.0
+        self._late = 0.0
 
     # --- the main loop -------------------------------------------------------------------
 
@@ -200,6 +206,7 @@ class Manager:
         than planned this tick started)."""
         started_cpu = time.thread_time()
         with self._lock:
+            self._late = max(self._late, late_s)
             wanted, self._tasks_wanted = self._tasks_wanted, False
         try:
             snapshot, error = self._swarm.read(now, wanted), None
@@ -248,19 +255,22 @@ class Manager:
                     view = self._view = replace(view, recommended=self._recommendations())
             if acting:
                 actions.carry_out(self.engine)
-        self._pace(time.thread_time() - started_cpu, late_s)
+        with self._lock:
+            self._tick_cpu += time.thread_time() - started_cpu
         return view
 
-    def _pace(self, tick_cpu_s: float, late_s: float) -> None:
-        """The interval to ask from the window since the last tick ended."""
-        wall, cpu = time.monotonic(), time.process_time()
-        with self._lock:
-            (wall0, cpu0), self._window = self._window, (wall, cpu)
-            taken, self._taken = self._taken, 0
-            nodes = sum(1 for r in self._nodes.values() if r.connected)
-            before = self.pace.interval_s
-            after = self.pace.update(wall - wall0, cpu - cpu0, tick_cpu_s, taken, nodes,
-                                     late_s)
+    def _pace(self, now: float) -> None:
+        """(Under the lock.) The interval to ask, once the window is PACE_WINDOW_S long:
+        the ticks may take longer than that, the reports' pace must not wait for them."""
+        wall0, cpu0 = self._window
+        if now - wall0 < PACE_WINDOW_S:
+            return
+        cpu = time.process_time()
+        before = self.pace.interval_s
+        nodes = sum(1 for r in self._nodes.values() if r.connected)
+        after = self.pace.update(now - wall0, cpu - cpu0, self._tick_cpu, self._taken,
+                                 nodes, self._late)
+        self._window, self._taken, self._tick_cpu, self._late = (now, cpu), 0, 0.0, 0.0
         if after != before:
             log.info("report interval asked of the nodes: %.1f s (%d nodes, %.2f ms of CPU "
                      "a report, the ticks %.2f of a core)", after, nodes,
@@ -335,6 +345,7 @@ class Manager:
         the acknowledgement asks for the interval the manager can sustain."""
         with self._lock:
             self._taken += 1
+            self._pace(time.monotonic())
             reports = self._nodes.setdefault(node_id, NodeReports(connected=True))
             accepted, refused, waiting = judge(node_id, report, self._owners,
                                                reports.unverified, now)
