@@ -335,6 +335,7 @@ class Agents:
             self.errors.append(f"{node}: connect: {type(e).__name__}: {e}")
             return False
         acks = asyncio.create_task(self._read(i, reader))
+        self._sent.pop((i, self.seq[i]), None)  # a new connection: nothing unanswered
         loop = asyncio.get_running_loop()
         next_at = loop.time() + self.period * (i / len(self.plan.nodes))
         try:
@@ -346,13 +347,13 @@ class Agents:
                 self.seq[i] += 1
                 overloaded = i in self.marked
                 line = self.overloaded[i] if overloaded else self.lines[i]
-                writer.write(with_seq(line, self.seq[i]))
-                await asyncio.wait_for(writer.drain(), SEND_TIMEOUT_S)
-                sent = time.monotonic()
-                self.sent += 1
+                sent = time.monotonic()  # before the answer can come
                 self._sent[(i, self.seq[i])] = sent
+                self.sent += 1
                 if overloaded:
                     self.overload_from.setdefault(node, sent)
+                writer.write(with_seq(line, self.seq[i]))
+                await asyncio.wait_for(writer.drain(), SEND_TIMEOUT_S)
             return stop.is_set()
         except (OSError, ssl.SSLError, TimeoutError) as e:
             self.errors.append(f"{node}: {type(e).__name__}: {e}")
