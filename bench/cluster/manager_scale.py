@@ -13,14 +13,16 @@ manager recommends only (`--placement qoe --recommend`). This process runs N sim
 agents as asyncio tasks, each with its own node certificate from one Swarm CA (the manager
 checks each as it checks Swarm's), each sending its node's report of its --containers
 containers (all in S) every --period seconds (the agent's default), at phases spread over
-the period; as dqoes-agent does, one whose report the manager does not take within the
-agent's send timeout connects again (each such failure counts in agent_errors). Measured,
+the period, or at the longer interval the manager's acknowledgements ask (back-pressure:
+pace.py), and only once the report before was answered (else at the next period, as
+dqoes-agent holds it); as dqoes-agent does, one whose report the manager does not take
+within the agent's send timeout connects again (each such failure counts in agent_errors). Measured,
 each over the same run:
 
 - CPU per report: the manager process's CPU time (user + system) over --steady seconds,
   divided by the reports it acknowledged in them, with and without the CPU time of its
   ticks' thread (reading Swarm, the view, placement); the rate it acknowledged, against
-  the rate offered.
+  the rate the agents sent and the rate their own period offers; the interval asked.
 - memory: the manager's RSS at the end of the steady interval, and its peak.
 - report round trip: from a report sent to its acknowledgement.
 - `dqoesctl cluster status`: its request on the control socket and the table made of its
@@ -66,6 +68,7 @@ from dqoes_cg.cluster.agent import (
 )
 from dqoes_cg.cluster.identity import NODE_CERT, NODE_KEY, ROOT_CA, Credentials
 from dqoes_cg.cluster.managerd import OPERATIONS, handler, serve
+from dqoes_cg.cluster.pace import MAX_INTERVAL_S
 from dqoes_cg.cluster.placement import PlacementParams
 from dqoes_cg.cluster.protocol import ContainerReport, Report
 from dqoes_cg.cluster.show import format_cluster
@@ -301,6 +304,8 @@ class Agents:
         self.errors: list[str] = []
         self._sent: dict[tuple[int, int], float] = {}
         self.seq = [0] * len(plan.nodes)  # each node's last report
+        self.asked: list[float | None] = [None] * len(plan.nodes)  # interval, by the manager
+        self.sent = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         gate = asyncio.Semaphore(HANDSHAKES_AT_ONCE)
@@ -330,21 +335,25 @@ class Agents:
             self.errors.append(f"{node}: connect: {type(e).__name__}: {e}")
             return False
         acks = asyncio.create_task(self._read(i, reader))
+        self._sent.pop((i, self.seq[i]), None)  # a new connection: nothing unanswered
         loop = asyncio.get_running_loop()
         next_at = loop.time() + self.period * (i / len(self.plan.nodes))
         try:
             while not stop.is_set() and not acks.done():
                 await asyncio.sleep(max(0.0, next_at - loop.time()))
-                next_at = max(next_at + self.period, loop.time())
+                next_at = max(next_at + self.interval(i), loop.time())
+                if (i, self.seq[i]) in self._sent:  # unanswered: this one waits (agent.py)
+                    continue
                 self.seq[i] += 1
                 overloaded = i in self.marked
                 line = self.overloaded[i] if overloaded else self.lines[i]
-                writer.write(with_seq(line, self.seq[i]))
-                await asyncio.wait_for(writer.drain(), SEND_TIMEOUT_S)
-                sent = time.monotonic()
+                sent = time.monotonic()  # before the answer can come
                 self._sent[(i, self.seq[i])] = sent
+                self.sent += 1
                 if overloaded:
                     self.overload_from.setdefault(node, sent)
+                writer.write(with_seq(line, self.seq[i]))
+                await asyncio.wait_for(writer.drain(), SEND_TIMEOUT_S)
             return stop.is_set()
         except (OSError, ssl.SSLError, TimeoutError) as e:
             self.errors.append(f"{node}: {type(e).__name__}: {e}")
@@ -355,13 +364,21 @@ class Agents:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 5.0)
 
+    def interval(self, i: int) -> float:
+        """Node i's report interval: the agent's (agent.Agent.interval)."""
+        asked = self.asked[i]
+        return max(self.period, min(asked if asked is not None else self.period,
+                                    MAX_INTERVAL_S))
+
     async def _read(self, i: int, reader: asyncio.StreamReader) -> None:
         node = self.plan.nodes[i]
         with contextlib.suppress(OSError, ssl.SSLError, asyncio.IncompleteReadError,
                                  asyncio.LimitOverrunError, ValueError):
             while line := await reader.readline():
                 if line.startswith(b'{"v":1,"type":"ack"'):
-                    sent = self._sent.pop((i, json.loads(line)["seq"]), None)
+                    ack = json.loads(line)
+                    self.asked[i] = ack.get("interval_s")
+                    sent = self._sent.pop((i, ack["seq"]), None)
                     self.acks += 1
                     self.acked_nodes.add(node)
                     if sent is not None:
@@ -476,11 +493,15 @@ async def measure(nodes: int, containers: int, period: float, steady_s: float,
                      or running.done(), CONNECT_DEADLINE_S)
         result["all_connected_s"] = round(time.monotonic() - connecting, 1)
         await asyncio.sleep(3 * period)  # the first views, placement's first needs
+        # and the interval asked settled: three of them
+        await asyncio.sleep(3 * max(agents.interval(i) for i in range(nodes)))
 
         cpu0, acks0, t0 = manager.cpu_s(), agents.acks, time.monotonic()
-        ticks0 = len(manager.ticks)
+        sent0, ticks0 = agents.sent, len(manager.ticks)
         await asyncio.sleep(steady_s)
         cpu1, acks1, t1 = manager.cpu_s(), agents.acks, time.monotonic()
+        sent1 = agents.sent
+        intervals = [agents.interval(i) for i in range(nodes)]
         rss, peak = manager.memory()
         handled = acks1 - acks0
         ticks_cpu = manager.tick_cpu_s(t0, t1)
@@ -491,6 +512,8 @@ async def measure(nodes: int, containers: int, period: float, steady_s: float,
             steady_s=round(t1 - t0, 1), reports=handled,
             reports_per_s=round(handled / (t1 - t0), 1),
             offered_per_s=round(nodes / period, 1),
+            sent_per_s=round((sent1 - sent0) / (t1 - t0), 1),
+            interval_s=round(statistics.median(intervals), 2),
             manager_cpu_per_s=round((cpu1 - cpu0) / (t1 - t0), 3),
             cpu_ms_per_report=round(1e3 * (cpu1 - cpu0) / handled, 3) if handled else None,
             rss_mb=round(rss / 2**20, 1), peak_rss_mb=round(peak / 2**20, 1),
@@ -545,7 +568,9 @@ ROWS = [("cpu_ms_per_report", "manager CPU per report, ticks included (ms)"),
         ("manager_cpu_per_s", "manager CPU (cores)"),
         ("tick_cpu_per_s", "of which its ticks (cores)"),
         ("reports_per_s", "reports acknowledged per s"),
-        ("offered_per_s", "reports offered per s"),
+        ("sent_per_s", "reports sent per s"),
+        ("interval_s", "report interval asked, median (s)"),
+        ("offered_per_s", "reports offered per s at the agents' own interval"),
         ("rss_mb", "manager RSS (MiB)"),
         ("peak_rss_mb", "manager peak RSS (MiB)"),
         ("round_trip_ms", "report round trip, median (ms)"),

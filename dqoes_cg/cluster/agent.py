@@ -13,6 +13,13 @@ managers (their node IDs and addresses), and its Swarm identity in dockerd's dat
 which authenticates it to the managers (identity.py). A manager is reached at its Swarm
 address on --port; its certificate must name that manager's node ID and the manager role.
 
+Each manager's acknowledgement asks for the report interval it can sustain (back-pressure,
+pace.py); the agent reports at the longest interval its managers ask, bounded by its own
+--interval and pace.MAX_INTERVAL_S, and at its own again when they ask for it. A manager
+has at most one of its reports unanswered at a time: a newer report waits for the answer,
+and replaces the one that waited, so a manager that falls behind gets fewer reports, not a
+queue of old ones.
+
 It keeps the labels it was given while no manager answers (targets are not lost when the
 manager restarts), gives them to dqoesd again when dqoesd restarts, and takes the labels
 of one manager (the first of Swarm's list that answers) when there are several.
@@ -38,6 +45,7 @@ from ..engines.client import DOCKER_SOCKET, Engine, EngineError
 from ..paths import DEFAULT_SOCKET
 from ..status import Status
 from .identity import Credentials, IdentityError, peer_identity
+from .pace import BASE_INTERVAL_S, MAX_INTERVAL_S
 from .protocol import (
     CLUSTER_PORT,
     Ack,
@@ -51,11 +59,11 @@ from .protocol import (
 
 log = logging.getLogger("dqoes-agent")
 
-REPORT_INTERVAL_S = 1.0
+REPORT_INTERVAL_S = BASE_INTERVAL_S
 INFO_INTERVAL_S = 10.0  # how often the Swarm's managers are looked up again
 CONNECT_TIMEOUT_S = 10.0
 SEND_TIMEOUT_S = 5.0
-ANSWER_TIMEOUT_S = 10.0  # a manager that acknowledges nothing for so long is dropped
+ANSWER_TIMEOUT_S = 10.0  # a manager that leaves a report unanswered so long is dropped
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 5.0
 POLL_S = 0.25
 TASK_LABEL = "com.docker.swarm.task.id"
@@ -121,6 +129,7 @@ class ManagerLink:
         self.credentials = credentials
         self.connected = False
         self.services: dict[str, dict[str, str]] | None = None  # the last labels received
+        self.interval_s: float | None = None  # the report interval the manager asks
         self._report: Report | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -154,6 +163,7 @@ class ManagerLink:
                 log.exception("the link to manager %s failed", self.manager_id)
                 failing = True
             self.connected = False
+            self.interval_s = None
             if self._stopping.wait(delay):
                 return
             delay = min(delay * 2, RETRY_MAX_S)
@@ -180,26 +190,28 @@ class ManagerLink:
             channel.close()
 
     def _converse(self, channel: Channel) -> None:
-        sent, heard = -1, time.monotonic()
+        sent = -1
+        unanswered: float | None = None  # since when a report waits for its answer
         while not self._stopping.is_set():
             with self._lock:
                 report = self._report
-            if report is not None and report.seq != sent:
-                if sent < 0:
-                    heard = time.monotonic()  # from the first report on, answers are due
+            if report is not None and report.seq != sent and unanswered is None:
                 channel.send(report, SEND_TIMEOUT_S)
                 sent = report.seq
+                if unanswered is None:
+                    unanswered = time.monotonic()
             message = channel.receive(POLL_S)
             if isinstance(message, Ack):
-                heard = time.monotonic()
+                unanswered = None
+                self.interval_s = message.interval_s
                 self._log_refusals(message)
             elif isinstance(message, Services):
-                heard = time.monotonic()
                 with self._lock:
                     self.services = message.services
             elif message is not None:
                 raise ProtocolError(f"a manager sent a {type(message).__name__} message")
-            elif sent >= 0 and time.monotonic() - heard > ANSWER_TIMEOUT_S:
+            elif unanswered is not None and \
+                    time.monotonic() - unanswered > ANSWER_TIMEOUT_S:
                 raise TimeoutError(f"no answer for {ANSWER_TIMEOUT_S:.0f} s")
 
     def _log_refusals(self, ack: Ack) -> None:
@@ -274,6 +286,13 @@ class Agent:
         if info is not None:
             log.info("node %s; managers: %s", info.node_id,
                      ", ".join(f"{m} at {h}" for m, h in info.managers) or "none")
+
+    def interval(self, own_s: float) -> float:
+        """Seconds to the next report: the longest interval a manager asks, from `own_s`
+        to MAX_INTERVAL_S."""
+        asked = [link.interval_s for link in self.links.values()
+                 if link.interval_s is not None]
+        return max(own_s, min(max(asked, default=own_s), MAX_INTERVAL_S))
 
     def _apply_labels(self) -> None:
         """The labels of the first manager that answers (else the last ones known), to
@@ -359,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stopping.is_set():
             agent.step(time.monotonic())
-            stopping.wait(args.interval)
+            stopping.wait(agent.interval(args.interval))
     finally:
         agent.close()
     return 0

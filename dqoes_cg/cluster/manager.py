@@ -26,6 +26,12 @@ task that Swarm placed on another node is refused at once; one that no task of S
 has is refused when Swarm still does not know it GRACE_S later (a task that has just
 started may be reported before Swarm's list shows its container). Refused claims are
 counted per node, logged, and named in the reply to the report; they change nothing.
+
+The reply also asks the node for the report interval the manager can sustain (pace.py),
+worked out every PACE_WINDOW_S, as reports come, from the CPU time the process took and
+what its ticks took of it, and from how late its last tick started; a node's
+reports are taken no sooner than MIN_GAP of that interval apart (`report_due`), however
+fast it sends them.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ..logs import RateLimitedLog
 from ..membership.labels import METRIC, TARGET
 from . import swarmapi
 from .actions import SwarmActions, Update
+from .pace import Pace
 from .pipelines import Pipeline, Refused, declared
 from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
@@ -65,6 +72,8 @@ log = logging.getLogger(__name__)
 
 GRACE_S = 10.0
 NODE_TIMEOUT_S = 5.0  # without a report, a node is unreachable
+PACE_WINDOW_S = 1.0
+MIN_GAP = 0.25  # of the interval asked: a node's reports are taken no closer together
 MAX_RECOMMENDED = 20  # updates a recommending manager keeps in its view, the latest
 RESPLIT_S = 5.0  # a pipeline's split is made again at most so often (its stages' windows
 #                  move slower; a split of 32 stages and 256 paths takes up to 30 ms)
@@ -181,13 +190,23 @@ class Manager:
         self._view: ClusterView | None = None
         self._quiet: dict[str, float] = {}  # placement refusals logged, and when
         self._per_node = RateLimitedLog(log)  # a node chooses how many claims it refuses
+        self.pace = Pace()
+        # The pace's window: since when (monotonic, process CPU), reports taken, the CPU of
+        # the ticks ended in it, how late the latest tick started
+        self._window = (time.monotonic(), time.process_time())
+        self._taken = 0
+        self._tick_cpu = 0.0
+        self._late = 0.0
 
     # --- the main loop -------------------------------------------------------------------
 
-    def tick(self, now: float) -> ClusterView:
+    def tick(self, now: float, late_s: float = 0.0) -> ClusterView:
         """Read Swarm, work out each node's labels, build the view, run placement and
-        the pipelines' scaler."""
+        the pipelines' scaler; then the report interval to ask (`late_s`: how much later
+        than planned this tick started)."""
+        started_cpu = time.thread_time()
         with self._lock:
+            self._late = max(self._late, late_s)
             wanted, self._tasks_wanted = self._tasks_wanted, False
         try:
             snapshot, error = self._swarm.read(now, wanted), None
@@ -236,7 +255,26 @@ class Manager:
                     view = self._view = replace(view, recommended=self._recommendations())
             if acting:
                 actions.carry_out(self.engine)
+        with self._lock:
+            self._tick_cpu += time.thread_time() - started_cpu
         return view
+
+    def _pace(self, now: float) -> None:
+        """(Under the lock.) The interval to ask, once the window is PACE_WINDOW_S long:
+        the ticks may take longer than that, the reports' pace must not wait for them."""
+        wall0, cpu0 = self._window
+        if now - wall0 < PACE_WINDOW_S:
+            return
+        cpu = time.process_time()
+        before = self.pace.interval_s
+        nodes = sum(1 for r in self._nodes.values() if r.connected)
+        after = self.pace.update(now - wall0, cpu - cpu0, self._tick_cpu, self._taken,
+                                 nodes, self._late)
+        self._window, self._taken, self._tick_cpu, self._late = (now, cpu), 0, 0.0, 0.0
+        if after != before:
+            log.info("report interval asked of the nodes: %.1f s (%d nodes, %.2f ms of CPU "
+                     "a report, the ticks %.2f of a core)", after, nodes,
+                     1e3 * (self.pace.report_cpu_s or 0.0), self.pace.tick_cores or 0.0)
 
     def set_acting(self, acting: bool) -> bool:
         """Make placement's updates from the next tick on (True), or only recommend them;
@@ -294,9 +332,20 @@ class Manager:
         with self._lock:
             return self._pushes.get(node_id, {})
 
-    def receive(self, node_id: str, report: Report, now: float) -> Ack:
-        """Judge a report of that node (its certificate's ID) and keep what is its own."""
+    def report_due(self, node_id: str) -> float:
+        """When (monotonic) the next report of that node may be taken."""
         with self._lock:
+            reports = self._nodes.get(node_id)
+            if reports is None or reports.received is None:
+                return -math.inf
+            return reports.received + MIN_GAP * self.pace.interval_s
+
+    def receive(self, node_id: str, report: Report, now: float) -> Ack:
+        """Judge a report of that node (its certificate's ID) and keep what is its own;
+        the acknowledgement asks for the interval the manager can sustain."""
+        with self._lock:
+            self._taken += 1
+            self._pace(time.monotonic())
             reports = self._nodes.setdefault(node_id, NodeReports(connected=True))
             accepted, refused, waiting = judge(node_id, report, self._owners,
                                                reports.unverified, now)
@@ -312,7 +361,7 @@ class Manager:
                                        name, cid[:12], why)
                     reports.logged.add(cid)
             reports.logged &= {cid for cid, _ in refused}
-        return Ack(report.seq, tuple(refused))
+            return Ack(report.seq, tuple(refused), self.pace.asked())
 
     def _name(self, node_id: str) -> str:
         node = self._snapshot.nodes.get(node_id)
@@ -421,7 +470,7 @@ class Manager:
         if reports is None or reports.report is None or reports.received is None:
             return "no report from its agent"
         age = now - reports.received
-        if age > self.node_timeout:
+        if age > self.pace.node_timeout(self.node_timeout):
             return f"no report for {age:.0f}s"
         if not reports.report.engine:
             return "its dockerd does not answer"

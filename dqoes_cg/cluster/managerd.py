@@ -2,7 +2,8 @@
 
 It follows Swarm through its node's engine (a manager's), serves the nodes' agents on the
 node's Swarm address (mutual TLS with the node's Swarm identity: identity.py, server.py),
-and every --tick builds the cluster view and gives it to the placement policy if one is
+and every --tick (or, when a tick takes longer than half of that, as long again as it
+took) builds the cluster view and gives it to the placement policy if one is
 chosen and to the pipelines' scaler (manager.py). `dqoesctl cluster status` reads the view
 on the local control socket (--socket). Several managers may each run one: every agent
 reports to all of them, and each has the whole view. SIGTERM/SIGINT stop it; it keeps
@@ -257,10 +258,12 @@ def _tick(manager: Manager, tick_s: float, stopping: threading.Event) -> None:
     while not stopping.wait(max(0.0, next_tick - time.monotonic())):
         now = time.monotonic()
         try:
-            manager.tick(now)
+            manager.tick(now, now - next_tick)
         except Exception:  # a bug must not leave the view stale for good
             failures.log(logging.ERROR, "tick", "the cluster's tick failed", exc_info=True)
-        next_tick = max(next_tick + tick_s, now)
+        # A tick that took long waits as long again: the ticks keep at most half of the
+        # process's one core (the GIL), the rest is the reports' (pace.py)
+        next_tick = max(next_tick + tick_s, 2 * time.monotonic() - now)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,16 @@ of the control socket too).
                         "used_cpus": 0.31, "engine": true, "controller": true,
                         "error": null, "containers": [ContainerReport, ...],
                         "pressure": Pressure, "ipc": null, "llc_misses_per_s": null}
-    manager -> agent   {"v": 1, "type": "ack", "seq": N, "refused": [{"id", "reason"}]}
+    manager -> agent   {"v": 1, "type": "ack", "seq": N, "refused": [{"id", "reason"}],
+                        "interval_s": 2.5}
                        {"v": 1, "type": "services", "services": {SERVICE_ID: {labels}}}
 
 A report is what the node's dqoesd measures of the containers of Swarm tasks it runs, by
 container ID, every report interval; `engine` and `controller` say whether its dockerd and
 its dqoesd answer (`error`: why not). The manager acknowledges each report, naming the
-containers it refused (see manager.py). Fields that came later, each absent from an older
+containers it refused (see manager.py), and the seconds it asks the agent to wait before
+its next report (`interval_s`: back-pressure, pace.py; absent from an older manager's).
+Fields that came later, each absent from an older
 agent's report (taken as unknown): a container's `rate_hz`, `window_usage_cores`, `mean_s`
 and `p95_s` over its last decision window, and what slows the node and each container (its
 `pressure`, {"cpu" | "memory" | "io": {"some_ratio": share of the last window stalled,
@@ -27,7 +30,6 @@ connection.
 
 from __future__ import annotations
 
-import math
 import re
 import socket
 import ssl
@@ -53,6 +55,8 @@ MAX_SECONDS = 1e6
 MAX_IPC = 64.0  # instructions per cycle: well above any core's width
 MAX_MISS_RATE = 1e12  # LLC misses per second
 PRESSURE_KEYS = ("some_ratio", "avg10_pct")
+PRESSURE_KEYS_SET = frozenset(PRESSURE_KEYS)
+PRESSURE_RESOURCES_SET = frozenset(PRESSURE_RESOURCES)
 REPORT_CLASSES = ("G", "S", "B", "idle", "pending")
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 SWARM_ID = re.compile(r"^[a-z0-9]{25}$")  # Swarm's object IDs (services, nodes, tasks)
@@ -111,10 +115,12 @@ class Report:
 class Ack:
     seq: int
     refused: tuple[tuple[str, str], ...]  # (container ID, why)
+    interval_s: float | None = None  # the report interval the manager asks (None: its own)
 
     def to_json(self) -> dict[str, Any]:
         return {"v": VERSION, "type": "ack", "seq": self.seq,
-                "refused": [{"id": cid, "reason": why} for cid, why in self.refused]}
+                "refused": [{"id": cid, "reason": why} for cid, why in self.refused],
+                "interval_s": self.interval_s}
 
 
 @dataclass(frozen=True)
@@ -161,30 +167,41 @@ def _report(doc: dict[str, Any]) -> Report:
                   *_counters(doc))
 
 
+# A container's optional numbers (absent or null: unknown) and their highest values, in
+# ContainerReport's order; "pressure" (an object) sits between the fourth and the fifth.
+_CONTAINER_NUMBERS = (("rate_hz", MAX_RATE_HZ), ("window_usage_cores", MAX_CPUS),
+                      ("mean_s", MAX_SECONDS), ("p95_s", MAX_SECONDS),
+                      ("throttled_window_ratio", 1.0), ("ipc", MAX_IPC),
+                      ("llc_misses_per_s", MAX_MISS_RATE))
+
+
 def _container(doc: Any) -> ContainerReport:
-    if not isinstance(doc, dict):
+    # The hot part of a report (a thousand nodes' hundred containers a second): the checks
+    # inline, each value's type by identity (a bool is no number) and its range by one
+    # chained comparison (NaN and the infinities fail it).
+    if type(doc) is not dict:
         raise ValueError("a container that is not an object")
+    get = doc.get
     cid = doc["id"]
-    if not isinstance(cid, str) or not CONTAINER_ID.match(cid):
+    if type(cid) is not str or not CONTAINER_ID.match(cid):
         raise ValueError("a container ID that is not 64 hexadecimal digits")
     cls, metric = doc["class"], doc["metric"]
     if cls not in REPORT_CLASSES:
         raise ValueError(f"unknown class {cls!r:.20}")
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r:.20}")
-    measured, limit = doc["measured_s"], doc["cpu_limit_cores"]
+    target, measured = doc["target_s"], doc["measured_s"]
+    limit, usage, samples = doc["cpu_limit_cores"], doc["cpu_usage_cores"], doc["samples"]
+    optional = [None if (v := get(key)) is None else _number(v, key, high, positive=False)
+                for key, high in _CONTAINER_NUMBERS]
     return ContainerReport(
-        cid, cls, _seconds(doc["target_s"], "target_s"), metric,
-        None if measured is None else _seconds(measured, "measured_s"),
-        None if limit is None else _cpus(limit, "cpu_limit_cores", positive=True),
-        _cpus(doc["cpu_usage_cores"], "cpu_usage_cores"), _count(doc["samples"], "samples"),
-        _optional(doc.get("rate_hz"), "rate_hz", MAX_RATE_HZ),
-        _optional(doc.get("window_usage_cores"), "window_usage_cores", MAX_CPUS),
-        _optional(doc.get("mean_s"), "mean_s", MAX_SECONDS),
-        _optional(doc.get("p95_s"), "p95_s", MAX_SECONDS),
-        _pressure(doc.get("pressure")),
-        _optional(doc.get("throttled_window_ratio"), "throttled_window_ratio", 1.0),
-        *_counters(doc))
+        cid, cls, _number(target, "target_s", MAX_SECONDS, positive=False), metric,
+        None if measured is None else _number(measured, "measured_s", MAX_SECONDS,
+                                              positive=False),
+        None if limit is None else _number(limit, "cpu_limit_cores", MAX_CPUS,
+                                           positive=True),
+        _number(usage, "cpu_usage_cores", MAX_CPUS, positive=False),
+        _count(samples, "samples"), *optional[:4], _pressure(get("pressure")), *optional[4:])
 
 
 def _optional(value: Any, what: str, high: float) -> float | None:
@@ -192,7 +209,7 @@ def _optional(value: Any, what: str, high: float) -> float | None:
 
 
 def _counters(doc: dict[str, Any]) -> tuple[float | None, float | None]:
-    """(ipc, llc_misses_per_s) of a report or a container (None: not counted)."""
+    """(ipc, llc_misses_per_s) of a report (None: not counted)."""
     return (_optional(doc.get("ipc"), "ipc", MAX_IPC),
             _optional(doc.get("llc_misses_per_s"), "llc_misses_per_s", MAX_MISS_RATE))
 
@@ -201,11 +218,11 @@ def _pressure(value: Any) -> dict[str, dict[str, float | None]]:
     """A pressure object (None: absent, from an older agent)."""
     if value is None:
         return {}
-    if not isinstance(value, dict) or not set(value) <= set(PRESSURE_RESOURCES):
+    if type(value) is not dict or not value.keys() <= PRESSURE_RESOURCES_SET:
         raise ValueError(f"pressure must be an object of {', '.join(PRESSURE_RESOURCES)}")
     checked = {}
     for resource, stall in value.items():
-        if not isinstance(stall, dict) or set(stall) != set(PRESSURE_KEYS):
+        if type(stall) is not dict or stall.keys() != PRESSURE_KEYS_SET:
             raise ValueError(f"the {resource} pressure must be an object of "
                              f"{' and '.join(PRESSURE_KEYS)}")
         checked[resource] = {
@@ -221,7 +238,8 @@ def _ack(doc: dict[str, Any]) -> Ack:
                 or not isinstance(entry.get("reason"), str):
             raise ValueError("a refusal without id and reason")
         refused.append((entry["id"][:64], entry["reason"][:MAX_ERROR]))
-    return Ack(_count(doc["seq"], "seq"), tuple(refused))
+    return Ack(_count(doc["seq"], "seq"), tuple(refused),
+               _optional(doc.get("interval_s"), "interval_s", MAX_SECONDS))
 
 
 def _services(doc: dict[str, Any]) -> Services:
@@ -253,15 +271,15 @@ def _bool(value: Any, what: str) -> bool:
 
 
 def _count(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SAMPLES:
+    if type(value) is not int or not 0 <= value <= MAX_SAMPLES:  # a bool's type is bool
         raise ValueError(f"{what} must be a count")
     return value
 
 
 def _number(value: Any, what: str, high: float, positive: bool) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) \
-            or not math.isfinite(value) or value < 0 or (positive and value == 0) \
-            or value > high:
+    # `high` is finite: the chained comparison fails for NaN and the infinities
+    if (type(value) is not float and type(value) is not int) or not 0 <= value <= high \
+            or (positive and value == 0):
         raise ValueError(f"{what} must be a number from 0 to {high:g}")
     return float(value)
 

@@ -5,7 +5,9 @@ certificate of this Swarm (identity.py) for a node that Swarm still has. The nod
 identity is that certificate's node ID; a node that connects again replaces its previous
 connection. Each connection's thread answers the node's reports (manager.py judges them),
 sends the node its services' labels whenever they change, and ends the connection when
-the node breaks the protocol or stays silent for IDLE_TIMEOUT_S. At most MAX_CONNECTIONS
+the node breaks the protocol or stays silent for IDLE_TIMEOUT_S. A node's next report is
+read no sooner than the manager takes it (Manager.report_due): one that sends faster than
+it is asked is slowed by its own connection's flow control. At most MAX_CONNECTIONS
 connections at once; the server's certificate is loaded again when Swarm renews it. What a
 peer's connections make it log is at most a line a minute per peer.
 """
@@ -27,8 +29,8 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
 SEND_TIMEOUT_S = 5.0
-POLL_S = 0.25  # how often a connection looks for labels to send
-IDLE_TIMEOUT_S = 30.0
+POLL_S = 1.0  # how often a connection looks for labels to send (a tick's time)
+IDLE_TIMEOUT_S = 30.0  # three of the longest report interval asked (pace.MAX_INTERVAL_S)
 MAX_CONNECTIONS = 1024
 
 
@@ -145,6 +147,10 @@ class Server:
             if services != sent:
                 channel.send(Services(services), SEND_TIMEOUT_S)
                 sent = services
+            early = self.manager.report_due(node_id) - time.monotonic()
+            if early > 0:
+                replaced.wait(min(early, POLL_S))
+                continue
             message = channel.receive(POLL_S)
             now = time.monotonic()
             if message is None:
