@@ -31,6 +31,11 @@ from .kernel import Kernel, find_kernel, vmlinux_path
 QEMU = "qemu-system-x86_64"
 MSIZE = 512000  # 9p message size: large reads and writes in few round trips
 POLL_INTERVAL = 0.05
+MONITOR_SOCKET = "monitor.sock"
+# What the monitor tells of a stopped guest: whether each vCPU halted and where, and its
+# local APIC (a timer armed or not, an interrupt pending or not).
+MONITOR_QUESTIONS = ("info cpus", "info registers -a", "cpu 0", "info lapic", "cpu 1",
+                     "info lapic", "info irq")
 DEFAULT_MEMORY_MIB = 2048
 COMMAND_LINE_SIZE = 2048  # x86
 # Mounted afresh in the guest, hiding the host's: a job directory below them is shared.
@@ -246,7 +251,10 @@ class Guest:
                               f"command did not finish within {self._run_timeout:.0f} s")
         silent = self._heartbeat_age()
         if self.boot_seconds is not None and silent > self.config.stopped_after:
-            raise self._error(GuestStopped, f"the guest stopped: no heartbeat for {silent:.0f} s")
+            (self.ctl_dir / "stopped.txt").write_text(
+                f"{qemu_threads(self._qemu.pid)}\n{ask_monitor(self.ctl_dir / MONITOR_SOCKET)}")
+            raise self._error(GuestStopped, f"the guest stopped: no heartbeat for {silent:.0f} s"
+                                            f" (the vCPUs' state: {self.ctl_dir / 'stopped.txt'})")
         return None
 
     def _heartbeat_age(self) -> float:
@@ -382,6 +390,7 @@ def kernel_cmdline(config: GuestConfig, shares: Sequence[Share], ctl_dir: Path) 
         *(share.cmdline() for share in shares),
         *config.init_mode.cmdline,
         *config.cmdline_extra,
+        *os.environ.get("DQOES_GUEST_APPEND", "").split(),
     ]
     for arg in args:
         if any(c.isspace() for c in arg):
@@ -410,9 +419,55 @@ def qemu_command(
         "-initrd", str(initrd),
         "-append", kernel_cmdline(config, shares, ctl_dir),
         "-serial", f"file:{ctl_dir / 'console.log'}",
+        # The human monitor, for what the emulated CPUs were doing if the guest stops.
+        "-monitor", f"unix:{ctl_dir / MONITOR_SOCKET},server=on,wait=off",
         *root.qemu_args(),
         *(arg for share in shares for arg in share.qemu_args()),
     ]
+
+
+def ask_monitor(socket_path: Path, questions: Sequence[str] = MONITOR_QUESTIONS,
+                timeout: float = 10.0) -> str:
+    """qemu's answers to `questions` on its human monitor, or as much as it gave and why not
+    more."""
+    import socket
+
+    transcript = bytearray()
+
+    def read_to_prompt(monitor: socket.socket) -> None:
+        while not transcript.endswith(b"(qemu) "):
+            chunk = monitor.recv(65536)
+            if not chunk:
+                raise ConnectionError("the monitor hung up")
+            transcript.extend(chunk)
+
+    try:
+        with socket.socket(socket.AF_UNIX) as monitor:
+            monitor.settimeout(timeout)
+            monitor.connect(str(socket_path))
+            read_to_prompt(monitor)
+            for question in questions:
+                monitor.sendall(question.encode() + b"\n")
+                transcript.extend(b"\n")
+                read_to_prompt(monitor)
+    except OSError as error:
+        transcript.extend(f"\n(the monitor did not answer: {error})".encode())
+    # Drop the monitor's echo of each question, typed out with terminal escapes.
+    return "\n".join(line for line in transcript.decode(errors="replace").splitlines()
+                     if "\x1b" not in line)
+
+
+def qemu_threads(pid: int) -> str:
+    """Each thread of qemu: its name, state, kernel wait channel and CPU time so far."""
+    lines = ["qemu's threads (tid, name, state, wait channel, user+system ticks):"]
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda t: int(t.name)):
+        with contextlib.suppress(OSError):
+            stat = (task / "stat").read_text()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            ticks = int(fields[11]) + int(fields[12])
+            lines.append(f"{task.name} {name} {fields[0]} {(task / 'wchan').read_text()} {ticks}")
+    return "\n".join(lines)
 
 
 def _die_with_parent() -> None:
