@@ -16,8 +16,10 @@ def test_the_manager_scale_benchmark_measures_every_figure(tmp_path: Path) -> No
     (run,) = json.loads((tmp_path / "manager_scale.json").read_text())["runs"]
     assert (run["nodes"], run["containers"], run["agent_errors"]) == (5, 10, 0)
     assert "error" not in run
-    assert run["reports"] > 0 and run["cpu_ms_per_report"] > 0 and run["tick_cpu_per_s"] > 0
-    assert "reports_cpu_ms" in run  # the process's CPU counts in 10 ms: too coarse here
+    # The process's CPU counts in 10 ms ticks: on a busy host a 2 s window of 5 nodes may
+    # see none of them (cpu_ms_per_report 0.0 at a load of 12).
+    assert run["reports"] > 0 and run["cpu_ms_per_report"] >= 0 and run["tick_cpu_per_s"] >= 0
+    assert "reports_cpu_ms" in run
     assert run["rss_mb"] > 0 and run["peak_rss_mb"] >= run["rss_mb"]
     for figure in ("round_trip_ms", "view_tick_ms", "status_ms", "seen_ms"):
         assert run[figure] > 0, figure
