@@ -5,9 +5,7 @@ nodes."""
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ from dqoes_cg.cluster import swarmapi
 from dqoes_cg.cluster.manager import Manager
 from dqoes_cg.cluster.protocol import ContainerReport, Report
 from tests.fakeswarm import StubEngine, node_doc, service_doc, task_doc
+from tests.operations import operations
 
 SERVICES = 4  # a task of each on every node
 
@@ -59,23 +58,6 @@ def report(node: int, seq: int = 1, unknown: str | None = None) -> Report:
     ids = [container_id(node, j) for j in range(SERVICES)] + ([unknown] if unknown else [])
     return Report(seq, 4.0, 1.0, True, True, None, tuple(
         ContainerReport(cid, "S", 2.0, "p95", 1.8, 0.3, 0.25, 12) for cid in ids))
-
-
-def operations(call: Callable[[], object]) -> int:
-    """Python and C function calls made by `call`: its work, whatever the machine's
-    speed."""
-    count = 0
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal count
-        count += event in ("call", "c_call")
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return count
 
 
 def test_a_settled_swarm_s_task_list_is_read_again_only_when_something_may_have_changed_it(

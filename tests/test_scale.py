@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ from dqoes_cg.membership.objective import Objective
 from dqoes_cg.membership.targets import ResolveMany, TargetError
 from dqoes_cg.policy import Decision, Observation
 from lab.fakecg import make_cgroup
+from tests.operations import operations
 from tests.test_controller import FixedPolicy, Host
 from tests.test_engine_targets import StubWatcher, seen
 
@@ -297,22 +298,6 @@ def test_a_reply_slower_to_make_than_the_client_deadline_is_sent_whole(
             server.close()
 
 
-def _calls(fn: Callable[[], object]) -> int:
-    """How many Python and C functions `fn()` calls in this thread."""
-    calls = 0
-
-    def count(frame: object, event: str, arg: object) -> None:
-        nonlocal calls
-        calls += event in ("call", "c_call")
-
-    sys.setprofile(count)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return calls
-
-
 def test_a_status_costs_the_loop_the_same_work_at_any_number_of_targets(host: Host) -> None:
     """The loop waits for a status (or a list) only while its view of the tables is taken:
     copies of arrays and dictionaries, the same calls whatever the number of targets (the
@@ -332,7 +317,7 @@ def test_a_status_costs_the_loop_the_same_work_at_any_number_of_targets(host: Ho
                 break
         assert len(c.fleet) == n
         c.view(), c.listings_later()  # anything done once, done
-        calls[n] = _calls(c.view), _calls(c.listings_later)
+        calls[n] = operations(c.view), operations(c.listings_later)
         shown = c.view().status().containers
         assert len(shown) == 2 * n and sum(s.cls == "pending" for s in shown) == n
         assert [t.name for t in c.listings_later()()] == [t.name for t in c.targets]
