@@ -198,8 +198,7 @@ class ManagerLink:
             if report is not None and report.seq != sent and unanswered is None:
                 channel.send(report, SEND_TIMEOUT_S)
                 sent = report.seq
-                if unanswered is None:
-                    unanswered = time.monotonic()
+                unanswered = time.monotonic()
             message = channel.receive(POLL_S)
             if isinstance(message, Ack):
                 unanswered = None

@@ -32,13 +32,9 @@ class Rings:
         """The ring of `name`: its target's volume's, or its own (also for a name that is
         no target: where its ring would be)."""
         target = self.targets.find(name)
-        if target is not None and target.ring is not None:
-            return Path(target.ring)
-        path = self._own.get(name)
-        if path is None:
-            path = ring_path(self.run_dir, ring_dir_name(name))
-            if target is not None:
-                self._own[name] = path
+        path = _ring_of(self.run_dir, self._own, name, target)
+        if target is not None and target.ring is None:
+            self._own.setdefault(name, path)
         return path
 
     def frozen(self) -> RingPaths:
@@ -75,6 +71,11 @@ class RingPaths:
     own: dict[str, Path]
 
     def of(self, target: Target) -> Path:
-        if target.ring is not None:
-            return Path(target.ring)
-        return self.own.get(target.name) or ring_path(self.run_dir, ring_dir_name(target.name))
+        return _ring_of(self.run_dir, self.own, target.name, target)
+
+
+def _ring_of(run_dir: Path, own: dict[str, Path], name: str, target: Target | None) -> Path:
+    """The ring of `name`: its target's volume's, else its own (kept, or where it would be)."""
+    if target is not None and target.ring is not None:
+        return Path(target.ring)
+    return own.get(name) or ring_path(run_dir, ring_dir_name(name))
