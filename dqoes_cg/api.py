@@ -6,8 +6,8 @@ which need write permission. Domain errors become one-line protocol errors here.
                   metric; metrics (":PORT/PATH") and histogram: its latencies from that
                   Prometheus histogram instead of its ring
     unset-target  container
-    list
-    status        container (optional)
+    list          limit, cursor (optional): a page of it (paging.py)
+    status        container, or limit and cursor (optional): a page of it (paging.py)
     act           write the limits decided (from the next decision)
     recommend     write none, and give back those written: status shows what it would set
     service-labels  service_id, labels (an object of strings, or null to forget them): a
@@ -27,9 +27,9 @@ from .control import Later, Peer, RequestError
 from .controller import Controller
 from .membership.objective import DEFAULT_METRIC, TRAINING_JOB, Objective, scrape_from
 from .membership.targets import TargetError
-from .snapshot import View
+from .paging import Page, PageError, page_of
+from .snapshot import Listings, View
 from .state import StateError
-from .status import Listing
 
 log = logging.getLogger(__name__)
 
@@ -76,21 +76,33 @@ def _unset_target(c: Controller, req: dict[str, Any], peer: Peer) -> Any:
     return {"name": name, "restored": restored}
 
 
-def _list(c: Controller, req: dict[str, Any], peer: Peer) -> Callable[[], list[Listing]]:
-    return c.listings_later()
+def _list(c: Controller, req: dict[str, Any], peer: Peer) -> tuple[Listings, Page | None]:
+    return c.listings_later(), _page(req)
 
 
-def _list_reply(listings: Callable[[], list[Listing]]) -> Any:
-    return [t.to_json() for t in listings()]
+def _list_reply(taken: tuple[Listings, Page | None]) -> Any:
+    listings, page = taken
+    return [t.to_json() for t in listings()] if page is None else listings.page(page)
 
 
-def _status(c: Controller, req: dict[str, Any], peer: Peer) -> View:
-    only = req.get("container")
-    return c.view(None if only is None else _name(only))
+def _status(c: Controller, req: dict[str, Any], peer: Peer) -> tuple[View, Page | None]:
+    only, page = req.get("container"), _page(req)
+    if only is not None and page is not None:
+        raise RequestError("a status of one container has no pages: ask for it without "
+                           "limit or cursor")
+    return c.view(None if only is None else _name(only)), page
 
 
-def _status_reply(view: View) -> Any:
-    return view.status().to_json()
+def _status_reply(taken: tuple[View, Page | None]) -> Any:
+    view, page = taken
+    return view.status_json() if page is None else view.page(page)
+
+
+def _page(req: dict[str, Any]) -> Page | None:
+    try:
+        return page_of(req)
+    except PageError as e:
+        raise RequestError(str(e)) from None
 
 
 def _service_labels(c: Controller, req: dict[str, Any], peer: Peer) -> Any:

@@ -4,7 +4,8 @@ A request is one JSON object on one line, ``{"version": 1, "op": OP, ...argument
 reply is one line, ``{"version": 1, "ok": true, "result": ...}`` or
 ``{"version": 1, "ok": false, "error": "one-line message"}``, and the daemon closes the
 connection (the framing is jsonline.py's, the cluster's channel's too). The operations and
-their arguments are the daemon's (api.py).
+their arguments are the daemon's (api.py); `status` and `list` may be asked for a page at
+a time (paging.py).
 
 Write operations need root or membership of the configured group; read operations need the
 same unless the daemon was started with --public-status. The peer is identified by

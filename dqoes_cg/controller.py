@@ -37,7 +37,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -61,14 +60,14 @@ from .engines.watcher import Watcher
 from .fleet import Fleet
 from .membership.engine_targets import EngineTargets
 from .membership.objective import ENGINE_SOURCES, Objective, Target
-from .membership.rings import RingPaths, Rings
+from .membership.rings import Rings
 from .membership.targets import Binder, ResolveMany, TargetError, Targets
 from .nodepressure import NodePressure
 from .perfcounters import HardwareCounters
 from .policy import Cls, Policy, make_policy
 from .ring import RingSet
 from .scrape import Job, Scraper, timeout_for
-from .snapshot import Counters, View, capture
+from .snapshot import Counters, Listings, View, capture
 from .state import Originals, StateError, StateStore
 from .status import Listing, Status, listing, refused
 from .systemd_units import UnitLimiter
@@ -132,6 +131,11 @@ class Controller:
         self._built = self._built_removed = -1
         self._rebuild_tick = 0  # the first tick at which new targets may join
         self._wall_per_target = WALL_PER_TARGET_S  # the last rebuild's, a busy host's more
+        # The view of every target, taken once a tick and after each change a request made
+        # (by its key, the tick's count and the changes'): the requests of a tick share it
+        # and what is made of it (a status of 10,000 is 7 MB of JSON), held until the tick.
+        self._changes = 0
+        self._shared: tuple[tuple[int, int], View] | None = None
         self._rebuild(time.monotonic())
         log.info("re-adopted %d target(s), %d bound", len(self.targets), len(self.fleet))
 
@@ -139,6 +143,7 @@ class Controller:
 
     def tick(self, now: float) -> None:
         self.counters.ticks += 1
+        self._shared = None  # a view is shared by one tick's requests, and held no longer
         self.engine_targets.follow(self)  # first: a container just started is sensed at once
         self._rebuild_if_changed(now)
         f = self.fleet
@@ -271,6 +276,7 @@ class Controller:
         training job. TargetError or StateError: nothing changed. The policy runs
         again at once for a new objective; a new target makes it run when it joins the
         tables (a rebuild resets the policy), not at every request of a stream of them."""
+        self._changes += 1
         if name in self.targets:
             self.retarget(name, objective, source)
         else:
@@ -317,6 +323,7 @@ class Controller:
     def unset_target(self, name: str) -> str | None:
         """Remove a target set by dqoesctl; returns the cpu.max given back (None: never
         written). A container's labels take over again if it has some."""
+        self._changes += 1
         target = self.targets.get(name)
         if target.source in ENGINE_SOURCES:
             where = "its service's labels" if target.source == "service" else "its labels"
@@ -343,6 +350,7 @@ class Controller:
         """Act (write the limits decided) or recommend only (write none, and give back the
         limits written so far), from the next decision on, which comes at the next tick.
         Returns whether the mode changed."""
+        self._changes += 1
         if acting == self.acting:
             return False
         self.acting = acting
@@ -362,7 +370,7 @@ class Controller:
     def listings(self) -> list[Listing]:
         return self.listings_later()()
 
-    def listings_later(self) -> Callable[[], list[Listing]]:
+    def listings_later(self) -> Listings:
         """What makes the listing of every target, from what is taken of them now (no
         work per target: the loop waits only for this), and of the containers whose labels
         are refused."""
@@ -370,12 +378,23 @@ class Controller:
                            s.cgroup.path.as_posix() if not isinstance(s.cgroup, CgroupError)
                            else None, str(s.ring or self.rings.path(s.name)), s.error)
                    for s in self.engine_targets.refused()]
-        return partial(_listings, list(self.targets), self.rings.frozen(),
-                       dict(self.targets.reasons), invalid)
+        return Listings(list(self.targets), self.rings.frozen(), dict(self.targets.reasons),
+                        invalid)
 
     def view(self, only: str | None = None) -> View:
-        """What the status of every target (or of `only`) shows, taken now at a cost that
-        does not grow with the targets: the loop waits only for this."""
+        """What the status of every target (or of `only`) shows (`take_view`). That of every
+        target is taken once a tick (and again after a request changed something), and
+        shared by every request of the tick, with what is made of it (View)."""
+        if only is not None:
+            return self.take_view(only)
+        key = (self.counters.ticks, self._changes)
+        if self._shared is None or self._shared[0] != key:
+            self._shared = (key, self.take_view())
+        return self._shared[1]
+
+    def take_view(self, only: str | None = None) -> View:
+        """The view of every target (or of `only`) now, taken at a cost that does not grow
+        with the targets: the loop waits only for this."""
         targets = [self.targets.get(only)] if only is not None else list(self.targets)
         systemd = (self.limiter.sent, self.limiter.failed) if self.limiter else (0, 0)
         return capture(targets, self.rings.frozen(), self.targets.reasons, self.fleet,
@@ -384,8 +403,8 @@ class Controller:
                        self.hardware_said, self.scraper)
 
     def status(self, only: str | None = None) -> Status:
-        """The status now, made at once (the view's, in the caller's thread)."""
-        return self.view(only).status()
+        """The status now, made at once of a view of its own (in the caller's thread)."""
+        return self.take_view(only).status()
 
     def summary(self) -> str:
         """One line for sd_notify's STATUS= on every tick: cheap, no per-container work
@@ -406,8 +425,3 @@ class Controller:
         if self.hardware is not None:
             self.hardware.close()
         self.targets.store.close()
-
-
-def _listings(targets: list[Target], rings: RingPaths, reasons: dict[str, str],
-              invalid: list[Listing]) -> list[Listing]:
-    return [listing(t, str(rings.of(t)), reasons.get(t.name)) for t in targets] + invalid

@@ -36,6 +36,7 @@ from .cluster.view import ClusterView
 from .control import DaemonUnavailable, RequestError, request
 from .duration import format_duration, parse_duration
 from .membership.objective import DEFAULT_METRIC, METRICS, TRAINING
+from .paging import MAX_LIMIT
 from .paths import DEFAULT_SOCKET, MANAGER_SOCKET
 from .status import PRESSURE_RESOURCES, ContainerStatus, Listing, Status
 from .table import format_table
@@ -253,7 +254,8 @@ def _run(args: argparse.Namespace) -> str:
                 "recommending: no limit is written (those written were given back); "
                 "dqoesctl status shows what it would set")
     if args.command == "list":
-        targets = request(args.socket, "list")
+        listed = _of_all(args.socket, "list", "entries")
+        targets = listed if isinstance(listed, list) else listed["entries"]
         return json.dumps(targets, indent=1) if args.json else \
             format_list([Listing.from_json(t) for t in targets])
     if args.command == "cluster" and args.what in ("act", "recommend"):
@@ -265,12 +267,30 @@ def _run(args: argparse.Namespace) -> str:
         view = request(args.manager_socket, "cluster-status")
         return json.dumps(view, indent=1) if args.json else \
             format_cluster(ClusterView.from_json(view))
-    status = request(args.socket, "status", container=args.container)
+    status = (request(args.socket, "status", container=args.container) if args.container
+              else _of_all(args.socket, "status", "containers"))
     if args.json:
         return json.dumps(status, indent=1)
     if args.interference:
         return format_interference(Status.from_json(status))
     return format_status(Status.from_json(status))
+
+
+def _of_all(socket: Path, op: str, items: str) -> Any:
+    """The reply to `op` for every container, asked for a page at a time: the last page's
+    (the host's figures, for a status) with the `items` of every page. A daemon that knows
+    no pages answers the first request whole (a reply with no 'next'): that reply."""
+    shown: list[Any] = []
+    cursor = None
+    while True:
+        page = request(socket, op, limit=MAX_LIMIT,
+                       **({} if cursor is None else {"cursor": cursor}))
+        if not isinstance(page, dict) or "next" not in page:
+            return page
+        shown += page[items]
+        cursor = page.pop("next")
+        if cursor is None:
+            return {**page, items: shown}
 
 
 def _interval(text: str) -> float:

@@ -13,6 +13,16 @@ SPLIT_DEPTH = 2
 above an item at a time."""
 
 
+class Encoded:
+    """JSON text made already (a reply's result shared by several clients' replies):
+    `encode_in_parts` puts it in as is; anything else refuses it (TypeError)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 def encode(doc: Mapping[str, Any]) -> bytes:
     """`doc` on one line, compact, with its newline."""
     return _dumps(doc).encode() + b"\n"
@@ -23,11 +33,18 @@ def encode_in_parts(doc: Mapping[str, Any]) -> bytes:
     container of a status, in a call of its own): a thread that encodes a reply of
     megabytes lets the others run between pieces, where one call holds the interpreter's
     lock throughout."""
-    return "".join(_parts(doc, 0)).encode() + b"\n"
+    return (text_in_parts(doc) + "\n").encode()
+
+
+def text_in_parts(doc: Any) -> str:
+    """The JSON text of `doc`, made in pieces as `encode_in_parts` makes it."""
+    return "".join(_parts(doc, 0))
 
 
 def _parts(obj: Any, depth: int) -> Iterator[str]:
-    if isinstance(obj, dict) and depth < SPLIT_DEPTH and all(isinstance(k, str) for k in obj):
+    if isinstance(obj, Encoded):
+        yield obj.text
+    elif isinstance(obj, dict) and depth < SPLIT_DEPTH and all(isinstance(k, str) for k in obj):
         yield "{"
         for k, (key, value) in enumerate(obj.items()):
             yield ("," if k else "") + _dumps(key) + ":"

@@ -1,25 +1,31 @@
 """The status snapshot of the loop's tables: a view taken while the loop waits, at a cost
 that does not grow with the containers (`capture`), and the status made of it away from
-the loop (`View.status`); and what the loop counts for it (`Counters`). The daemon's side
+the loop (`View.status`, or a page of it: `View.page`); what the listing is made of
+(`Listings`); and what the loop counts for it (`Counters`). The daemon's side
 of status.py, which dqoesctl reads without numpy.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from .jsonline import Encoded, text_in_parts
 from .membership.objective import TRAINING, Target
 from .membership.rings import RingPaths
+from .paging import Page, take
 from .policy import Cls
 from .ring import STATS
-from .status import CLASSES, ContainerStatus, HostStatus, Status, pressure_of
+from .status import ContainerStatus, HostStatus, Listing, Status, listing, pressure_of
 
 MEAN, P95 = STATS.index("mean"), STATS.index("p95")  # rows of the rings' window stats
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from .actuator import Actuator
@@ -86,32 +92,90 @@ class View:
     scrape_errors: dict[str, str] | None  # None: no scraper
     scrape_error_s: dict[str, float] | None
 
+    # What is made of the view, once: the requests of a tick share the view (Controller.view)
+    # and so what it makes. Made in the thread for replies, or the metrics thread.
+    _made: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, compare=False,
+                                   repr=False)
+
     def status(self) -> Status:
+        """The status of every target of the view, in its order."""
+        return self._once("status", self._status)
+
+    def status_json(self) -> Encoded:
+        """`status()` as JSON, encoded once for every client that asks for it (the status
+        itself is not kept for them: the JSON is what they share)."""
+        return self._once("status_json",
+                          lambda: Encoded(text_in_parts(self._status().to_json())))
+
+    def _status(self) -> Status:
+        return Status(self._host(), self._containers(self.targets, self._slots()))
+
+    def page(self, page: Page) -> dict[str, Any]:
+        """A page of the status (paging.py), by name: the host's figures (of every target),
+        the page's containers, and `next`, the cursor to the next page."""
+        names, order = self._by_name()
+        shown, after = take(names, order, page)
+        slots = self._slots()
+        containers = self._containers([self.targets[k] for k in shown], [slots[k] for k in shown])
+        return {**Status(self._host(), containers).to_json(), "next": after}
+
+    def _once(self, what: str, make: Callable[[], T]) -> T:
+        with self._lock:
+            if what not in self._made:
+                self._made[what] = make()
+            return self._made[what]  # type: ignore[no-any-return]
+
+    def _slots(self) -> list[int]:
+        """Each target's slot in the rows (-1: none, it is pending)."""
+        return self._once("slots", lambda: [self.rows.slot.get(t.name, -1)
+                                            for t in self.targets])
+
+    def _by_name(self) -> tuple[list[str], list[int]]:
+        """The targets' names sorted, and the targets' indexes in that order."""
+        def make() -> tuple[list[str], list[int]]:
+            order = sorted(range(len(self.targets)), key=lambda k: self.targets[k].name)
+            return [self.targets[k].name for k in order], order
+        return self._once("by_name", make)
+
+    def _host(self) -> HostStatus:
+        """The host's figures, with how many targets are in each class."""
+        def make() -> HostStatus:
+            slots = np.array(self._slots(), dtype=np.intp)
+            bound = slots[slots >= 0]
+            per = np.bincount(self.rows.arrays["classes"][bound].astype(np.intp),
+                              minlength=len(Cls))
+            counts = {_shown(Cls(c)): int(x) for c, x in enumerate(per)}
+            return HostStatus(**counts, pending=len(slots) - len(bound), **self.host)
+        return self._once("host", make)
+
+    def _containers(self, targets: list[Target], slots: list[int]) -> list[ContainerStatus]:
+        """The status of each of `targets`, at `slots` in the rows (-1: pending)."""
         rows, acting, alpha = self.rows, self.acting, self.alpha
-        a = {k: v.tolist() for k, v in rows.arrays.items()}  # Python numbers, read fast
-        classes, score, measured, tick_cores = (a["classes"], a["score"], a["measured"],
-                                                a["tick_cores"])
+        # Python numbers, read fast: the rows of these targets only (pending ones read row 0)
+        taken = np.array([max(i, 0) for i in slots], dtype=np.intp)
+        a = ({k: v[taken].tolist() for k, v in rows.arrays.items()}
+             if len(rows.arrays["classes"]) and any(i >= 0 for i in slots) else {})
         errors, error_s = self.scrape_errors, self.scrape_error_s
         containers = []
-        for target in self.targets:
+        for i, target in enumerate(targets):
             name = target.name
-            i = rows.slot.get(name)
-            if i is None:
+            if slots[i] < 0:
                 containers.append(ContainerStatus(
                     name, "pending", target.target_s, target.metric, None, None, None,
                     0.0, 0.0, 0, target.cgroup, str(self.rings.of(target)), target.source,
                     reason=self.reasons.get(name), kind=target.kind, metrics=target.metrics,
                     histogram=target.histogram))
                 continue
-            cls = Cls(classes[i])
+            cls = Cls(a["classes"][i])
             training = target.kind == TRAINING
-            score_i = None if cls == Cls.IDLE else _finite(score[i])
+            score_i = None if cls == Cls.IDLE else _finite(a["score"][i])
             quota, period = a["quota"][i], a["period"][i]
             would = None if acting else _finite(a["limit"][i] * self.host["budget_cpus"])
-            measured_i, usage = _finite(measured[i]), float(tick_cores[i])
+            measured_i, usage = _finite(a["measured"][i]), float(a["tick_cores"][i])
             throttled = float(a["throttled_ratio"][i])
             containers.append(ContainerStatus(
-                name, "idle" if cls == Cls.IDLE else cls.name, target.target_s,
+                name, _shown(cls), target.target_s,
                 target.metric, measured_i, None if training else score_i,
                 None if quota < 0 or period <= 0 else quota / period, usage, throttled,
                 int(a["samples"][i]), target.cgroup, str(self.rings.of(target)),
@@ -135,10 +199,12 @@ class View:
                 scrape_error=errors.get(name) if errors is not None else None,
                 measured_error_s=_finite(error_s.get(name, math.nan))
                 if error_s is not None and measured_i is not None else None))
-        counts = dict.fromkeys(CLASSES, 0)
-        for c in containers:
-            counts[c.cls] += 1
-        return Status(HostStatus(**counts, **self.host), containers)
+        return containers
+
+
+def _shown(cls: Cls) -> str:
+    """A class as status shows it (CLASSES)."""
+    return "idle" if cls == Cls.IDLE else cls.name
 
 
 def capture(targets: list[Target], rings: RingPaths, reasons: dict[str, str], fleet: Fleet,
@@ -177,6 +243,33 @@ def capture(targets: list[Target], rings: RingPaths, reasons: dict[str, str], fl
                 hardware.llc_misses_per_s if hardware else None,
                 dict(scraper.errors) if scraper else None,
                 dict(scraper.error_s) if scraper else None)
+
+
+@dataclass(frozen=True)
+class Listings:
+    """What the listing is made of, taken from the loop's tables: every target, and the
+    containers whose labels are refused (`invalid`). Called, the listing of them all, in
+    that order; `page`, a page of it by name (paging.py)."""
+
+    targets: list[Target]
+    rings: RingPaths
+    reasons: dict[str, str]
+    invalid: list[Listing]
+
+    def __call__(self) -> list[Listing]:
+        return [self._listing(t) for t in self.targets] + self.invalid
+
+    def page(self, page: Page) -> dict[str, Any]:
+        names = [t.name for t in self.targets] + [s.name for s in self.invalid]
+        order = sorted(range(len(names)), key=names.__getitem__)
+        shown, after = take([names[k] for k in order], order, page)
+        n = len(self.targets)
+        return {"entries": [(self._listing(self.targets[k]) if k < n
+                             else self.invalid[k - n]).to_json() for k in shown],
+                "next": after}
+
+    def _listing(self, t: Target) -> Listing:
+        return listing(t, str(self.rings.of(t)), self.reasons.get(t.name))
 
 
 def _counted(rates: dict[str, float] | None, name: str | None) -> float | None:

@@ -316,8 +316,8 @@ def test_a_status_costs_the_loop_the_same_work_at_any_number_of_targets(host: Ho
             if len(c.fleet) == n:
                 break
         assert len(c.fleet) == n
-        c.view(), c.listings_later()  # anything done once, done
-        calls[n] = operations(c.view), operations(c.listings_later)
+        c.take_view(), c.listings_later()  # anything done once, done
+        calls[n] = operations(c.take_view), operations(c.listings_later)
         shown = c.view().status().containers
         assert len(shown) == 2 * n and sum(s.cls == "pending" for s in shown) == n
         assert [t.name for t in c.listings_later()()] == [t.name for t in c.targets]
