@@ -25,7 +25,7 @@ class Encoded:
 
 def encode(doc: Mapping[str, Any]) -> bytes:
     """`doc` on one line, compact, with its newline."""
-    return _dumps(doc).encode() + b"\n"
+    return dumps(doc).encode() + b"\n"
 
 
 def encode_in_parts(doc: Mapping[str, Any]) -> bytes:
@@ -47,19 +47,20 @@ def _parts(obj: Any, depth: int) -> Iterator[str]:
     elif isinstance(obj, dict) and depth < SPLIT_DEPTH and all(isinstance(k, str) for k in obj):
         yield "{"
         for k, (key, value) in enumerate(obj.items()):
-            yield ("," if k else "") + _dumps(key) + ":"
+            yield ("," if k else "") + dumps(key) + ":"
             yield from _parts(value, depth + 1)
         yield "}"
     elif isinstance(obj, list) and depth <= SPLIT_DEPTH:
         yield "["
         for k, item in enumerate(obj):
-            yield ("," if k else "") + _dumps(item)
+            yield ("," if k else "") + dumps(item)
         yield "]"
     else:
-        yield _dumps(obj)
+        yield dumps(obj)
 
 
-def _dumps(obj: Any) -> str:
+def dumps(obj: Any) -> str:
+    """`obj` as compact JSON text (no newline)."""
     return json.dumps(obj, separators=(",", ":"))
 
 

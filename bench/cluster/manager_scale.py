@@ -25,8 +25,11 @@ each over the same run:
   the rate the agents sent and the rate their own period offers; the interval asked.
 - memory: the manager's RSS at the end of the steady interval, and its peak.
 - report round trip: from a report sent to its acknowledgement.
+- placement in a tick: its wall time and its thread's CPU time (the wall time waits for
+  the CPU, and for the interpreter's lock the connections' threads hold).
 - `dqoesctl cluster status`: its request on the control socket and the table made of its
-  answer (what the command does), timed from here, while the agents report.
+  answer (what the command does), timed from here, while the agents report; and the
+  request alone (the manager's answer, read and decoded here).
 - report to decision: a node starts reporting its containers out of S on a full CPU
   budget; from that report sent to the first tick of the manager whose view shows the node
   so (seen), and to the first tick whose placement recommends closing the node to new tasks
@@ -221,11 +224,11 @@ class TimedPlacement:
         self.decided: set[str] = set()
 
     def tick(self, view: ClusterView, now: float, actions: Any) -> None:
-        built = time.monotonic()
+        built, cpu = time.monotonic(), time.thread_time()
         self.inner.tick(view, now, actions)
-        decided_at = time.monotonic()
+        decided_at, tick_cpu = time.monotonic(), time.thread_time()
         _emit({"tick_s": built - now, "placement_s": decided_at - built,
-               "tick_cpu_s": time.thread_time(), "t": decided_at})
+               "placement_cpu_s": tick_cpu - cpu, "tick_cpu_s": tick_cpu, "t": decided_at})
         for node in view.nodes:
             if node.id not in self.seen and self.containers <= node.B \
                     and node.spare_cpus == 0.0:
@@ -401,6 +404,7 @@ class ManagerProcess:
         self.decided: dict[str, float] = {}
         self.ticks: list[float] = []
         self.placements: list[float] = []
+        self.placements_cpu: list[float] = []
         self.tick_cpu: list[tuple[float, float]] = []  # (when, the ticks' CPU so far)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -414,6 +418,7 @@ class ManagerProcess:
             elif "tick_s" in event:
                 self.ticks.append(event["tick_s"])
                 self.placements.append(event["placement_s"])
+                self.placements_cpu.append(event["placement_cpu_s"])
                 self.tick_cpu.append((event["t"], event["tick_cpu_s"]))
             elif "seen" in event:
                 self.seen[event["seen"]] = event["t"]
@@ -459,13 +464,14 @@ async def _until(what: str, check: Any, deadline_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
-def cluster_status(socket: Path) -> tuple[float, int]:
-    """What `dqoesctl cluster status` does: its request and the table; (seconds, bytes of
-    the table)."""
+def cluster_status(socket: Path) -> tuple[float, float, int]:
+    """What `dqoesctl cluster status` does: its request and the table; (seconds, of which
+    the answer, decoded, bytes of the table)."""
     start = time.monotonic()
-    table = format_cluster(ClusterView.from_json(request(socket, "cluster-status",
-                                                         timeout=STATUS_TIMEOUT_S)))
-    return time.monotonic() - start, len(table)
+    answer = request(socket, "cluster-status", timeout=STATUS_TIMEOUT_S)
+    answered = time.monotonic()
+    table = format_cluster(ClusterView.from_json(answer))
+    return time.monotonic() - start, answered - start, len(table)
 
 
 async def measure(nodes: int, containers: int, period: float, steady_s: float,
@@ -519,14 +525,19 @@ async def measure(nodes: int, containers: int, period: float, steady_s: float,
             rss_mb=round(rss / 2**20, 1), peak_rss_mb=round(peak / 2**20, 1),
             round_trip_ms=_median_ms(agents.round_trips),
             view_tick_ms=_median_ms(manager.ticks[ticks0:]),
-            placement_ms=_median_ms(manager.placements[ticks0:]))
+            placement_ms=_median_ms(manager.placements[ticks0:]),
+            placement_cpu_ms=_median_ms(manager.placements_cpu[ticks0:]),
+            placement_cpu_max_ms=round(1e3 * max(manager.placements_cpu[ticks0:]), 2)
+            if manager.placements_cpu[ticks0:] else None)
 
-        times, size = [], 0
+        times, answers, size = [], [], 0
         for _ in range(statuses):
-            took, size = await asyncio.wait_for(asyncio.to_thread(
+            took, answered, size = await asyncio.wait_for(asyncio.to_thread(
                 cluster_status, directory / "certs" / "manager.sock"), STATUS_TIMEOUT_S + 10)
             times.append(took)
-        result.update(status_ms=_median_ms(times), status_table_kb=round(size / 1024, 1))
+            answers.append(answered)
+        result.update(status_ms=_median_ms(times), status_answer_ms=_median_ms(answers),
+                      status_table_kb=round(size / 1024, 1))
 
         seen: list[float] = []
         decided: list[float] = []
@@ -576,7 +587,10 @@ ROWS = [("cpu_ms_per_report", "manager CPU per report, ticks included (ms)"),
         ("round_trip_ms", "report round trip, median (ms)"),
         ("view_tick_ms", "manager tick up to placement, median (ms)"),
         ("placement_ms", "placement in a tick, median (ms)"),
+        ("placement_cpu_ms", "its CPU time, median (ms)"),
+        ("placement_cpu_max_ms", "its CPU time, the longest (ms)"),
         ("status_ms", "`dqoesctl cluster status`, median (ms)"),
+        ("status_answer_ms", "of which its answer, decoded, median (ms)"),
         ("status_table_kb", "its table (KiB)"),
         ("seen_ms", "report to the view showing it, median (ms)"),
         ("decided_ms", "report to placement's decision, median (ms)")]

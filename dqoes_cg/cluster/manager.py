@@ -403,7 +403,7 @@ class Manager:
             s.objective.metric if s.objective else None, s.error, s.updating, s.start_first,
             s.avoid) for s in sorted(services, key=lambda s: s.name)]
         return ClusterView(time.time(), self.node_id, swarm_error, nodes, service_views,
-                           tasks)
+                           tasks, by_node={nid: made.views for nid, made in node_tasks.items()})
 
     def _declared(self, pipelines: list[Pipeline], refused: list[Refused]) -> None:
         """(Under the lock.) Keeps the pipelines Swarm's labels declare; a refusal that is

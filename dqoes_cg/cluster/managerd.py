@@ -18,11 +18,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, startup
-from ..control import ControlServer, Peer, RequestError
+from ..control import ControlServer, Later, Peer, RequestError
 from ..engines.client import DOCKER_SOCKET, Engine, EngineError
 from ..logs import RateLimitedLog
 from ..paths import MANAGER_SOCKET, STATE_DIR
@@ -36,6 +37,7 @@ from .protocol import CLUSTER_PORT
 from .scaler import ScalerParams
 from .scaling import ModelScaling
 from .server import Server
+from .view_json import ViewJSON
 
 log = logging.getLogger("dqoes-manager")
 
@@ -78,8 +80,10 @@ def swarm_when_it_answers(engine: Engine, stopping: threading.Event,
 
 
 def handler(manager: Manager) -> Callable[[str, dict[str, Any], Peer], Any]:
-    """The control socket's requests (OPERATIONS): the last view, as JSON; or a switch to
-    making placement's updates (cluster-act) or only recommending them (cluster-recommend)."""
+    """The control socket's requests (OPERATIONS): the last view, as JSON (made away from
+    the socket's loop, once per view: view_json.py); or a switch to making placement's
+    updates (cluster-act) or only recommending them (cluster-recommend)."""
+    statuses = ViewJSON()
 
     def handle(op: str, req: dict[str, Any], peer: Peer) -> Any:
         if op in ("cluster-act", "cluster-recommend"):
@@ -91,7 +95,7 @@ def handler(manager: Manager) -> Callable[[str, dict[str, Any], Peer], Any]:
         view = manager.view()
         if view is None:
             raise RequestError("the manager has no view yet")
-        return view.to_json()
+        return Later(partial(statuses.of, view))
 
     return handle
 

@@ -46,8 +46,9 @@ paused itself, and always leaves a node active.
 from __future__ import annotations
 
 import math
-import statistics
+from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -102,6 +103,20 @@ class ClusterView:
     nodes: tuple[NodeView, ...]
     tasks: tuple[TaskView, ...]
     services: tuple[ServiceView, ...]
+    # The same tasks by node name, each node's in the order of `tasks`, when the caller
+    # keeps them so: a node's group that is the very object of the last tick is taken as
+    # unchanged without a look at its tasks. None: grouped from `tasks`.
+    by_node: Mapping[str, Sequence[TaskView]] | None = field(default=None, compare=False,
+                                                             repr=False)
+
+    def groups(self) -> Mapping[str, Sequence[TaskView]]:
+        """The tasks by node name."""
+        if self.by_node is not None:
+            return self.by_node
+        groups: dict[str, list[TaskView]] = {}
+        for task in self.tasks:
+            groups.setdefault(task.node, []).append(task)
+        return groups
 
 
 @dataclass(frozen=True)
@@ -220,14 +235,47 @@ class _Flight:
     since: float
 
 
+@dataclass
+class _NodeState:
+    """What the decision worked out of one node: made again only when the node, its tasks
+    or one of their needs changed (or the expected need, for a node with a task at it)."""
+
+    view: NodeView
+    loads: list[Load]  # its tasks, in their order
+    admits: set[str]  # the keys of those it admits
+    stuck: list[TaskView]  # its tasks out of S that it does not admit
+    at_expected: bool  # a task of it counts at the expected need (or the even share)
+    could: dict[float, bool] = field(default_factory=dict)  # need: takes a newcomer of it
+
+
 class Placement:
     """The placement decision, tick by tick: `plan(view)`. It keeps what hysteresis needs
     (smoothed needs, since when each task is stuck and each node roomy, the moves made)
-    and nothing Swarm does not also show: after a restart it starts afresh, cautious."""
+    and nothing Swarm does not also show: after a restart it starts afresh, cautious.
+
+    A tick does the work of what changed since the last one: a node's group of tasks that
+    is the same object, or equal, is not looked into; a need is smoothed again only while
+    its exponential average still moves (the same average, step by step, as over every
+    task: at a fixed point a step changes nothing); a node's loads, what it admits and its
+    stuck tasks are made again only when the node, its tasks or their needs changed; the
+    candidates to move are the stuck tasks, and one that found no destination is not
+    looked at again until a node changed or the nodes busy with moves did."""
 
     def __init__(self, params: PlacementParams | None = None) -> None:
         self.params = params or PlacementParams()
         self._log_need: dict[str, float] = {}  # task id: smoothed log need
+        self._sorted_needs: list[float] = []  # the values of _log_need, sorted (median)
+        self._raw: dict[str, float] = {}  # task id: its latest log need, when it has one
+        self._moving: set[str] = set()  # task ids whose smoothed need may still move
+        self._groups: dict[str, tuple[Sequence[TaskView], tuple[TaskView, ...]]] = {}
+        #                                 node name: its group as given, and its tasks
+        self._where: dict[str, str] = {}  # task id: its node's name
+        self._placed: dict[tuple[str, str], set[str]] = {}  # (service, node): task ids
+        self._nodes: dict[str, _NodeState] = {}  # by name, for the nodes of the view
+        self._expected: float | None = None  # the expected need the states were made with
+        self._generation = 0  # moves on whenever a node's state is made again or dropped
+        self._fruitless: dict[str, tuple[int, frozenset[str]]] = {}  # task id: generation
+        #                                 and busy nodes at which it found no destination
         self._stuck_since: dict[str, float] = {}  # task id
         self._free_since: dict[str, float] = {}  # task id: out of stuck since, for a while
         self._roomy_since: dict[str, float] = {}  # paused node name
@@ -241,22 +289,24 @@ class Placement:
     def plan(self, view: ClusterView) -> Plan:
         p = self.params
         plan = Plan()
-        self._smooth(view)
         nodes = {n.name: n for n in view.nodes}
         services = {s.name: s for s in view.services}
-        loads = self._loads(view, nodes)
+        changed = self._take(view.groups())
+        changed |= self._smooth()
+        self._refresh(nodes, changed)
         self._land(view, services, plan)
 
-        stuck = self._find_stuck(view, nodes, loads)
+        stuck = self._find_stuck(view.now)
         busy = {n for f in self._flights.values() for n in (f.move.source, f.move.destination)}
+        moved: dict[str, list[Load]] = {}  # node name: its loads once this tick's moves made
         while self._recent and self._recent[0] <= view.now - 60.0:
             self._recent.popleft()
-        for task in sorted(stuck, key=lambda t: self._need(t) or 0.0):
+        for task in sorted(stuck, key=lambda t: (self._need(t) or 0.0, t.id)):
             if len(self._recent) >= p.max_moves_per_minute:
                 break
             if view.now - self._stuck_since[task.id] < p.settle_s or task.node in busy:
                 continue
-            move = self._destination(task, view, nodes, services, loads, busy)
+            move = self._destination(task, view, nodes, services, busy)
             if move is None:
                 continue
             plan.moves.append(move)
@@ -265,32 +315,97 @@ class Placement:
             self._recent.append(view.now)
             self.moves_made += 1
             busy |= {move.source, move.destination}
-            movers = [ld for ld in loads[move.source] if ld.key in _task_keys(
-                view, move.service, move.source)]
-            loads[move.source] = [ld for ld in loads[move.source] if ld not in movers]
-            loads[move.destination] = loads[move.destination] + movers
+            keys = self._placed.get((move.service, move.source), set())
+            source = moved.get(move.source, self._nodes[move.source].loads)
+            movers = [ld for ld in source if ld.key in keys]
+            moved[move.source] = [ld for ld in source if ld not in movers]
+            moved[move.destination] = moved.get(
+                move.destination, self._nodes[move.destination].loads) + movers
 
-        self._open_or_close(view, nodes, loads, plan)
+        self._open_or_close(view, nodes, moved, plan)
         return plan
+
+    # -- what changed ------------------------------------------------------------------------
+
+    def _take(self, groups: Mapping[str, Sequence[TaskView]]) -> set[str]:
+        """Takes the nodes' groups of tasks that changed; the names of those nodes. A task
+        gone from every group is forgotten."""
+        changed: set[str] = set()
+        left: dict[str, str] = {}  # task id: the node whose group it left
+        for name, group in groups.items():
+            known = self._groups.get(name)
+            if known is not None and known[0] is group:
+                continue
+            tasks = tuple(group)
+            self._groups[name] = group, tasks
+            if known is not None and known[1] == tasks:
+                continue
+            changed.add(name)
+            ids = {t.id for t in tasks}
+            for t in known[1] if known is not None else ():
+                self._unplace(t, name)
+                if t.id not in ids:
+                    left[t.id] = name
+            for t in tasks:
+                self._placed.setdefault((t.service, name), set()).add(t.id)
+                self._where[t.id] = name
+                need = raw_need(t)
+                if need is None:
+                    self._raw.pop(t.id, None)
+                else:
+                    self._raw[t.id] = math.log(need)
+                    self._moving.add(t.id)
+        for name in self._groups.keys() - groups.keys():
+            changed.add(name)
+            for t in self._groups.pop(name)[1]:
+                self._unplace(t, name)
+                left[t.id] = name
+        for task_id, name in left.items():
+            if self._where.get(task_id) == name:  # in no other node's group
+                self._forget(task_id)
+        return changed
+
+    def _unplace(self, task: TaskView, node: str) -> None:
+        ids = self._placed.get((task.service, node))
+        if ids is not None:
+            ids.discard(task.id)
+            if not ids:
+                del self._placed[task.service, node]
+
+    def _forget(self, task_id: str) -> None:
+        del self._where[task_id]
+        self._set_need(task_id, None)
+        self._raw.pop(task_id, None)
+        self._moving.discard(task_id)
+        self._fruitless.pop(task_id, None)
+        self._stuck_since.pop(task_id, None)
+        self._free_since.pop(task_id, None)
 
     # -- needs ------------------------------------------------------------------------------
 
-    def _smooth(self, view: ClusterView) -> None:
+    def _smooth(self) -> set[str]:
+        """One step of each moving need's exponential average; the names of the nodes
+        whose needs moved."""
         g = self.params.smoothing
-        seen = set()
-        for task in view.tasks:
-            seen.add(task.id)
-            need = raw_need(task)
-            if need is None:
+        moved = set()
+        for task_id in list(self._moving):
+            x = self._raw.get(task_id)
+            last = self._log_need.get(task_id)
+            new = x if last is None or x is None else last + g * (x - last)
+            if new is None or new == last:  # no need, or a fixed point: further steps
+                self._moving.discard(task_id)  # change nothing
                 continue
-            last = self._log_need.get(task.id)
-            x = math.log(need)
-            self._log_need[task.id] = x if last is None else last + g * (x - last)
-        for gone in self._log_need.keys() - seen:
-            del self._log_need[gone]
-        for since in (self._stuck_since, self._free_since):
-            for gone in since.keys() - seen:
-                del since[gone]
+            self._set_need(task_id, new)
+            moved.add(self._where[task_id])
+        return moved
+
+    def _set_need(self, task_id: str, log_need: float | None) -> None:
+        last = self._log_need.pop(task_id, None)
+        if last is not None:
+            del self._sorted_needs[bisect_left(self._sorted_needs, last)]
+        if log_need is not None:
+            self._log_need[task_id] = log_need
+            insort(self._sorted_needs, log_need)
 
     def _need(self, task: TaskView) -> float | None:
         x = self._log_need.get(task.id)
@@ -298,84 +413,100 @@ class Placement:
 
     def expected_need(self) -> float | None:
         """The need of a task not measured yet: the median of the known ones."""
-        if not self._log_need:
+        values, n = self._sorted_needs, len(self._sorted_needs)
+        if not n:
             return None
-        return math.exp(statistics.median(self._log_need.values()))
+        middle = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+        return math.exp(middle)
 
-    def _loads(self, view: ClusterView, nodes: dict[str, NodeView]) -> dict[str, list[Load]]:
-        """Each node's tasks as loads (unknown needs at the expected need, or at the node's
-        even share when nothing is known)."""
+    def _refresh(self, nodes: dict[str, NodeView], changed: set[str]) -> None:
+        """Makes again the state of each node that changed."""
         expected = self.expected_need()
-        by_node: dict[str, list[TaskView]] = {name: [] for name in nodes}
-        for task in view.tasks:
-            if task.node in by_node:
-                by_node[task.node].append(task)
-        loads = {}
-        for name, tasks in by_node.items():
-            budget = nodes[name].budget_cpus
-            even = budget / max(len(tasks), 1)
-            loads[name] = [Load(t.id, self._need(t) or expected or even,
-                                t.max_cores if t.max_cores is not None else budget)
-                           for t in tasks]
-        return loads
+        expected_moved = expected != self._expected
+        self._expected = expected
+        for name, node in nodes.items():
+            state = self._nodes.get(name)
+            if (state is None or name in changed or state.view != node
+                    or (expected_moved and state.at_expected)):
+                self._nodes[name] = self._state(node, expected)
+                self._generation += 1
+            elif expected_moved:
+                state.could.clear()
+        for name in self._nodes.keys() - nodes.keys():
+            del self._nodes[name]
+            self._generation += 1
+
+    def _state(self, node: NodeView, expected: float | None) -> _NodeState:
+        """The node's tasks as loads (unknown needs at the expected need, or at the node's
+        even share when nothing is known), what it admits and which are stuck."""
+        tasks = self._groups.get(node.name, ((), ()))[1]
+        budget = node.budget_cpus
+        even = budget / max(len(tasks), 1)
+        loads = [Load(t.id, self._need(t) or expected or even,
+                      t.max_cores if t.max_cores is not None else budget) for t in tasks]
+        admits = admitted(budget, loads, self.params.alpha)
+        stuck = [t for t in tasks if node.ready and t.cls in ("B", "G")
+                 and t.id in self._log_need and t.id not in admits]
+        return _NodeState(node, loads, admits, stuck,
+                          any(t.id not in self._log_need for t in tasks))
 
     # -- moves ------------------------------------------------------------------------------
 
-    def _find_stuck(self, view: ClusterView, nodes: dict[str, NodeView],
-                    loads: dict[str, list[Load]]) -> list[TaskView]:
+    def _find_stuck(self, now: float) -> list[TaskView]:
         """Tasks out of S that their node does not admit (and since when, in
         _stuck_since)."""
-        admits = {name: admitted(nodes[name].budget_cpus, ls, self.params.alpha)
-                  for name, ls in loads.items()}
-        stuck = []
-        for task in view.tasks:
-            node = nodes.get(task.node)
-            if (node is not None and node.ready and task.cls in ("B", "G")
-                    and self._need(task) is not None and task.id not in admits[task.node]):
-                self._stuck_since.setdefault(task.id, view.now)
-                self._free_since.pop(task.id, None)
-                stuck.append(task)
-            elif task.id in self._stuck_since:
-                # A window of a few requests can put a task in S, or its need under what
-                # its node could hold, for a tick: its clock restarts only once it has been
-                # out of it for half the settle time.
-                free = self._free_since.setdefault(task.id, view.now)
-                if view.now - free >= self.params.settle_s / 2:
-                    del self._stuck_since[task.id], self._free_since[task.id]
+        stuck = [t for state in self._nodes.values() for t in state.stuck]
+        for task in stuck:
+            self._stuck_since.setdefault(task.id, now)
+            self._free_since.pop(task.id, None)
+        now_stuck = {t.id for t in stuck}
+        for task_id in [k for k in self._stuck_since if k not in now_stuck]:
+            # A window of a few requests can put a task in S, or its need under what
+            # its node could hold, for a tick: its clock restarts only once it has been
+            # out of it for half the settle time.
+            free = self._free_since.setdefault(task_id, now)
+            if now - free >= self.params.settle_s / 2:
+                del self._stuck_since[task_id], self._free_since[task_id]
         return stuck
 
     def _destination(self, task: TaskView, view: ClusterView, nodes: dict[str, NodeView],
-                     services: dict[str, ServiceView], loads: dict[str, list[Load]],
-                     busy: set[str]) -> Move | None:
+                     services: dict[str, ServiceView], busy: set[str]) -> Move | None:
         p = self.params
         service = services.get(task.service)
         if (service is None or service.replicas is None or service.updating
                 or service.running < service.replicas or task.service in self._flights
                 or view.now - self._moved_at.get(task.service, -math.inf) < p.hold_s):
             return None
-        keys = _task_keys(view, task.service, task.node)
-        movers = [ld for ld in loads[task.node] if ld.key in keys]
-        staying = [ld for ld in loads[task.node] if ld.key not in keys]
-        source = nodes[task.node]
-        before_src = len(admitted(source.budget_cpus, loads[task.node], p.alpha))
-        after_src = len(admitted(source.budget_cpus, staying, p.alpha))
+        # What follows depends on the nodes' states and the busy ones alone (a node moved
+        # to or from this tick is busy, so never looked at).
+        tried = (self._generation, frozenset(busy))
+        if self._fruitless.get(task.id) == tried:
+            return None
+        keys = self._placed.get((task.service, task.node), set())
+        source = self._nodes[task.node]
+        movers = [ld for ld in source.loads if ld.key in keys]
+        staying = [ld for ld in source.loads if ld.key not in keys]
+        before_src = len(source.admits)
+        after_src = len(admitted(source.view.budget_cpus, staying, p.alpha))
         best: tuple[float, str] | None = None
         for node in nodes.values():
             if (node.name == task.node or node.name in busy or not node.ready
                     or node.availability is not Availability.ACTIVE):
                 continue
-            here = loads[node.name]
-            if not all(takes(node.budget_cpus, here, m, p.alpha, p.margin) for m in movers):
+            here = self._nodes[node.name]
+            if not all(takes(node.budget_cpus, here.loads, m, p.alpha, p.margin)
+                       for m in movers):
                 continue
-            after = here + movers
+            after = here.loads + movers
             gain = (after_src + len(admitted(node.budget_cpus, after, p.alpha))) - \
-                (before_src + len(admitted(node.budget_cpus, here, p.alpha)))
+                (before_src + len(here.admits))
             if gain < 1:
                 continue
             left = room(node.budget_cpus, after, p.alpha)
             if best is None or left > best[0]:
                 best = (left, node.name)
         if best is None:
+            self._fruitless[task.id] = tried
             return None
         return Move(task.service, task.node, best[1], sum(m.need for m in movers), best[0])
 
@@ -387,10 +518,14 @@ class Placement:
             done = service is None or (
                 not service.updating and service.replicas is not None
                 and service.running >= service.replicas
-                and not _task_keys(view, name, flight.move.source))
+                and (name, flight.move.source) not in self._placed)
             if done or view.now - flight.since > self.params.move_timeout_s:
                 plan.settled.append(name)
                 del self._flights[name]
+
+    def node_of(self, task_id: str) -> str | None:
+        """The node of that task in the last view (None: not in it)."""
+        return self._where.get(task_id)
 
     @property
     def stuck_since(self) -> dict[str, float]:
@@ -404,18 +539,27 @@ class Placement:
     # -- new tasks --------------------------------------------------------------------------
 
     def _open_or_close(self, view: ClusterView, nodes: dict[str, NodeView],
-                       loads: dict[str, list[Load]], plan: Plan) -> None:
+                       moved: dict[str, list[Load]], plan: Plan) -> None:
         p = self.params
-        expected = self.expected_need()
+        expected = self._expected
         ours = [n for n in nodes.values() if n.ready and (
             n.availability is Availability.ACTIVE
             or (n.availability is Availability.PAUSE and n.paused_by_placement))]
         if expected is None or not ours:
             return
 
+        def loads(node: NodeView) -> list[Load]:
+            return moved.get(node.name, self._nodes[node.name].loads)
+
         def could_take(node: NodeView, need: float) -> bool:
-            return takes(node.budget_cpus, loads[node.name], Load("", need, node.budget_cpus),
-                         p.alpha)
+            if node.name in moved:
+                return takes(node.budget_cpus, moved[node.name],
+                             Load("", need, node.budget_cpus), p.alpha)
+            could = self._nodes[node.name].could
+            if need not in could:
+                could[need] = takes(node.budget_cpus, loads(node),
+                                    Load("", need, node.budget_cpus), p.alpha)
+            return could[need]
 
         def may_toggle(node: NodeView) -> bool:
             return view.now - self._toggled.get(node.name, -math.inf) >= p.settle_s
@@ -440,13 +584,9 @@ class Placement:
                 self._roomy_since.pop(node.name, None)
         active = {n.name for n in ours if n.availability is Availability.ACTIVE}
         if not (active - set(plan.pause)) | set(plan.resume):  # new tasks must go somewhere
-            roomiest = max(ours, key=lambda n: room(n.budget_cpus, loads[n.name], p.alpha))
+            roomiest = max(ours, key=lambda n: room(n.budget_cpus, loads(n), p.alpha))
             if roomiest.name in plan.pause:
                 plan.pause.remove(roomiest.name)
             else:
                 plan.resume.append(roomiest.name)
             self._toggled[roomiest.name] = view.now
-
-
-def _task_keys(view: ClusterView, service: str, node: str) -> set[str]:
-    return {t.id for t in view.tasks if t.service == service and t.node == node}

@@ -23,32 +23,51 @@ node is full none stays closed (Swarm spreads), and one always stays open.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from itertools import chain
 
 from . import placement as decision
-from .view import Actions, ClusterView
+from .view import Actions, ClusterView, TaskView
 
 log = logging.getLogger(__name__)
 
 REPORTED = ("G", "S", "B", "idle", "pending")
 
 
-def decision_view(view: ClusterView, now: float) -> decision.ClusterView:
-    """The manager's view as the decision reads it (nodes and services by their IDs)."""
-    nodes = tuple(
-        decision.NodeView(n.id, n.budget_cpus, ready=n.reachable,
-                          availability=decision.Availability(n.availability),
-                          paused_by_placement=n.paused_by_placement)
-        for n in view.nodes if n.budget_cpus is not None
-        and n.availability in tuple(decision.Availability))
-    tasks = tuple(
-        decision.TaskView(t.id, t.service_id, t.node_id, t.cls, t.target_s, t.measured_s,
-                          t.cpu_usage_cores, t.cpu_limit_cores)
-        for t in view.tasks if t.cls in REPORTED)
-    services = tuple(
-        decision.ServiceView(s.id, s.replicas if s.mode == "replicated" and s.start_first
-                             else None, s.running, s.updating)
-        for s in view.services)
-    return decision.ClusterView(now, nodes, tasks, services)
+class DecisionViews:
+    """The manager's views as the decision reads them (nodes and services by their IDs),
+    view after view: a node's tasks are made again only when the manager made them again
+    (a new list in the view's `by_node`), and are then the same object for the decision,
+    which follows what changed the same way."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[Sequence[TaskView], tuple[decision.TaskView, ...]]] = {}
+
+    def of(self, view: ClusterView, now: float) -> decision.ClusterView:
+        nodes = tuple(
+            decision.NodeView(n.id, n.budget_cpus, ready=n.reachable,
+                              availability=decision.Availability(n.availability),
+                              paused_by_placement=n.paused_by_placement)
+            for n in view.nodes if n.budget_cpus is not None
+            and n.availability in tuple(decision.Availability))
+        groups = view.task_groups()
+        made = {}
+        for node_id, tasks in groups.items():
+            known = self._made.get(node_id)
+            if known is None or known[0] is not tasks:
+                known = tasks, tuple(
+                    decision.TaskView(t.id, t.service_id, t.node_id, t.cls, t.target_s,
+                                      t.measured_s, t.cpu_usage_cores, t.cpu_limit_cores)
+                    for t in tasks if t.cls in REPORTED)
+            made[node_id] = known
+        self._made = made
+        services = tuple(
+            decision.ServiceView(s.id, s.replicas if s.mode == "replicated" and s.start_first
+                                 else None, s.running, s.updating)
+            for s in view.services)
+        by_node = {node_id: converted for node_id, (_, converted) in made.items()}
+        return decision.ClusterView(now, nodes, tuple(chain.from_iterable(by_node.values())),
+                                    services, by_node)
 
 
 class QoEPlacement:
@@ -56,10 +75,11 @@ class QoEPlacement:
 
     def __init__(self, params: decision.PlacementParams | None = None) -> None:
         self.decision = decision.Placement(params)
+        self._views = DecisionViews()
 
     def tick(self, view: ClusterView, now: float, actions: Actions) -> None:
         before = self.decision.stuck_since
-        plan = self.decision.plan(decision_view(view, now))
+        plan = self.decision.plan(self._views.of(view, now))
         self._log_stuck(view, before, now)
         for move in plan.moves:
             log.info("placement: service %s: its tasks on node %s move to node %s (need "
@@ -84,16 +104,23 @@ class QoEPlacement:
         """A line when a task becomes stuck and when it stops being: how long a move waits,
         and on what, can be read from the log."""
         after = self.decision.stuck_since
-        for task in view.tasks:
-            if task.id in after and task.id not in before:
+        for task_id in sorted(after.keys() ^ before.keys()):
+            # Among its node's tasks: a pass over all of them only for one the decision
+            # no longer has (not reported, or gone)
+            task = next((t for t in view.task_groups().get(
+                self.decision.node_of(task_id) or "", ()) if t.id == task_id), None) \
+                or view.task(task_id)
+            if task is None:  # gone from the view
+                continue
+            if task_id in after:
                 log.info("placement: task %s of service %s on node %s stuck (class %s, "
                          "%s against %s): its node cannot hold it in S beside the others",
                          task.id[:12], task.service, task.node, task.cls,
                          _ms(task.measured_s), _ms(task.target_s))
-            elif task.id in before and task.id not in after:
+            else:
                 log.info("placement: task %s of service %s on node %s no longer stuck after "
                          "%.0f s (class %s)", task.id[:12], task.service, task.node,
-                         now - before[task.id], task.cls)
+                         now - before[task_id], task.cls)
 
 
 def _ms(seconds: float | None) -> str:

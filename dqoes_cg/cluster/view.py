@@ -66,8 +66,8 @@ Fields are only ever added; `from_json` ignores the fields it does not know.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -194,6 +194,11 @@ class ClusterView:
     acting: bool = True  # False: placement's updates are recommended, not made
     recommended: tuple[Recommendation, ...] = ()  # while not acting, the latest first
     pipelines: tuple[PipelineView, ...] = ()  # by name
+    # The tasks by node ID, each node's in the order of `tasks`, as the manager made them:
+    # a node's list is the same object from view to view while its tasks are not made
+    # again, so a policy can follow what changed (placement does). Not in the JSON.
+    by_node: Mapping[str, Sequence[TaskView]] | None = field(default=None, compare=False,
+                                                             repr=False)
 
     # Lookups by ID, each indexed once per view: a policy asks them in loops over the nodes
     # or the tasks, and a pass over the list each time would cost nodes x tasks.
@@ -217,8 +222,22 @@ class ClusterView:
     def _services_by_id(self) -> dict[str, ServiceView]:
         return {s.id: s for s in reversed(self.services)}
 
+    def task(self, task_id: str) -> TaskView | None:
+        """The task of that ID (indexed at the first call: a pass over the tasks)."""
+        return self._tasks_by_id.get(task_id)
+
+    def task_groups(self) -> Mapping[str, Sequence[TaskView]]:
+        """The tasks by node ID (not to be changed)."""
+        return self._tasks_by_node
+
     @cached_property
-    def _tasks_by_node(self) -> dict[str, list[TaskView]]:
+    def _tasks_by_id(self) -> dict[str, TaskView]:
+        return {t.id: t for t in reversed(self.tasks)}
+
+    @cached_property
+    def _tasks_by_node(self) -> Mapping[str, Sequence[TaskView]]:
+        if self.by_node is not None:
+            return self.by_node
         return _grouped(self.tasks, lambda t: t.node_id)
 
     @cached_property
@@ -229,12 +248,14 @@ class ClusterView:
         """|S|: the tasks in S on reachable nodes."""
         return sum(n.S for n in self.nodes if n.reachable)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, with_tasks: bool = True) -> dict[str, Any]:
+        """The view as JSON; `with_tasks` False: its "tasks" empty, for a caller that
+        encodes them itself (task_json)."""
         # The tasks field by field: asdict's deep copy of 100,000 of them took seconds.
-        doc = asdict(replace(self, tasks=[]))
-        doc["tasks"] = [{"id": t.id, "class": t.cls,
-                         **{name: getattr(t, name) for name in _TASK_FIELDS}}
-                        for t in self.tasks]
+        doc = asdict(replace(self, tasks=[], by_node=None))
+        del doc["by_node"]
+        if with_tasks:
+            doc["tasks"] = [task_json(t) for t in self.tasks]
         return doc
 
     @classmethod
@@ -250,6 +271,11 @@ class ClusterView:
 
 
 _TASK_FIELDS = tuple(f.name for f in fields(TaskView) if f.name not in ("id", "cls"))
+
+
+def task_json(t: TaskView) -> dict[str, Any]:
+    """A task as the view's JSON has it."""
+    return {"id": t.id, "class": t.cls, **{name: getattr(t, name) for name in _TASK_FIELDS}}
 
 
 def _pipeline(doc: dict[str, Any]) -> PipelineView:
