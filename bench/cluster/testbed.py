@@ -127,7 +127,7 @@ def run_testbed(swarm: Swarm, sc: ClusterScenario, infer: Path, ways: list[str],
                 raw: Path | None = None) -> list[ClusterRun]:
     """Every way on the Swarm, one after the other, under daemons of their own; the runs
     into `raw` after each."""
-    from lab.swarm_cluster import ClusterDaemons, import_infer, wait_volume_driver
+    from lab.swarm_cluster import ClusterDaemons, import_infer, reopen_nodes, wait_volume_driver
 
     units_per_ms = import_infer(swarm, infer)
     daemons = ClusterDaemons(swarm, daemon_args(sc.params))
@@ -143,6 +143,7 @@ def run_testbed(swarm: Swarm, sc: ClusterScenario, infer: Path, ways: list[str],
                                            "runs": [run.to_json() for run in runs]}) + "\n")
     finally:
         daemons.close()
+        reopen_nodes(swarm)  # placement's last pause outlives its manager
     return runs
 
 
