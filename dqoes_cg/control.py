@@ -42,7 +42,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .jsonline import decode, encode, encode_in_parts, take_line
+from .jsonline import Encoded, decode, encode, encode_in_parts, take_line
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +66,6 @@ class Later:
     replies (what it needs of the loop's state, the handler took)."""
 
     make: Callable[[], Any]
-
-
-class Encoded:
-    """A handler's result already encoded (`text`: its JSON), kept as its reply line: one
-    made once can be the answer of every client asking meanwhile."""
-
-    def __init__(self, text: str) -> None:
-        self.line = (f'{{"version":{PROTOCOL_VERSION},"ok":true,"result":{text}}}\n').encode()
 
 
 @dataclass(frozen=True)
@@ -243,13 +235,12 @@ class ControlServer:
             self._selector.unregister(conn)  # nothing more is read from it
             self._maker.submit(self._make, conn, reply)
             return
-        self._send_reply(conn, reply.line if isinstance(reply, Encoded) else encode(reply))
+        self._send_reply(conn, _line(reply))
 
     def _make(self, conn: socket.socket, later: Later) -> None:
         """In the thread for replies: make one, hand it to the loop and wake it."""
         try:
-            made = later.make()
-            data = made.line if isinstance(made, Encoded) else encode_in_parts(made)
+            data = encode_in_parts(later.make())
         except Exception:  # a bug must not leave the client without an answer
             log.exception("control reply failed")
             data = encode(_error("internal error (see the daemon's log)"))
@@ -305,7 +296,7 @@ class ControlServer:
         if not client.reply:
             self._drop(conn)
 
-    def _reply(self, peer: Peer, line: bytes | None) -> dict[str, Any] | Encoded | Later:
+    def _reply(self, peer: Peer, line: bytes | None) -> dict[str, Any] | Later:
         """The reply to a request, or what makes it away from the loop."""
         return _replied(partial(self._run, peer, line))
 
@@ -350,9 +341,13 @@ class ControlServer:
         conn.close()
 
 
-def _replied(run: Callable[[], Any]) -> dict[str, Any] | Encoded | Later:
-    """The reply of what `run` returns (a `Later`: what makes it; `Encoded`: the reply
-    it makes), or of its error."""
+def _line(reply: dict[str, Any]) -> bytes:
+    """A reply on its line; a result made already (Encoded) goes in as it is."""
+    return encode_in_parts(reply) if isinstance(reply.get("result"), Encoded) else encode(reply)
+
+
+def _replied(run: Callable[[], Any]) -> dict[str, Any] | Later:
+    """The reply of what `run` returns (a `Later`: what makes it), or of its error."""
     try:
         result = run()
     except RequestError as e:
@@ -362,8 +357,6 @@ def _replied(run: Callable[[], Any]) -> dict[str, Any] | Encoded | Later:
         return _error("internal error (see the daemon's log)")
     if isinstance(result, Later):
         return Later(partial(_replied, result.make))
-    if isinstance(result, Encoded):
-        return result
     return {"version": PROTOCOL_VERSION, "ok": True, "result": result}
 
 

@@ -5,6 +5,7 @@ per view, and then only the tasks of the nodes the manager made again."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -123,10 +124,9 @@ def test_the_status_is_encoded_once_per_view_then_only_the_tasks_made_again(
     answer = statuses.of(first)
     assert encoded == len(first.tasks) == 40
     assert statuses.of(first) is answer and encoded == 40, "shared while the view is the last"
-    doc = decode(answer.line)
-    assert doc["ok"] and doc["result"] == decode(encode(first.to_json()))  # as made whole
+    assert json.loads(answer.text) == decode(encode(first.to_json()))  # as made whole
 
     manager.receive(node_id(3), report(3, 2), now + 1)  # one node reported
     second = manager.tick(now + 1)
-    assert decode(statuses.of(second).line)["result"] == decode(encode(second.to_json()))
+    assert json.loads(statuses.of(second).text) == decode(encode(second.to_json()))
     assert encoded == 40 + 4, "only the tasks of the node that reported"

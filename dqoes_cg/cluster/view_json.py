@@ -10,8 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ..control import Encoded
-from ..jsonline import dumps
+from ..jsonline import Encoded, dumps
 from .view import ClusterView, TaskView, task_json
 
 
