@@ -5,6 +5,7 @@ never touches, and when nodes close to new tasks and open again."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -239,6 +240,22 @@ def test_one_move_in_flight_per_node_then_settled_when_swarm_is_done() -> None:
     (second,) = plan.moves
     assert placement.in_flight == [second]
     assert second.service != first.service and second.source == "a"
+
+
+def test_a_move_settles_only_once_its_replacement_runs() -> None:
+    """Lifting a moved service's constraint is a service update: made while its start-first
+    replacement starts, Swarm keeps the replacement and stops the old task at once, so the
+    move settles only when no task of it is starting."""
+    tasks = [*crowded(), task("y1", "b", 0.2, "S")]
+    placement = Placement(PARAMS)
+    (move,) = settle(placement, tasks, 30.0)
+    moved = [t if t.service != move.service else task(t.service, move.destination, 0.45, "S")
+             for t in tasks]
+    landed = view(40.0, moved)
+    starting = tuple(replace(s, starting=int(s.name == move.service))
+                     for s in landed.services)
+    assert placement.plan(ClusterView(40.0, landed.nodes, landed.tasks, starting)).settled == []
+    assert placement.plan(view(45.0, moved)).settled == [move.service]
 
 
 def test_a_move_that_never_lands_is_given_up() -> None:

@@ -73,7 +73,7 @@ class SwarmActions:
         refused = ("a global service runs on every node" if service.mode != "replicated" else
                    "its update order is not start-first: a move would stop a task before "
                    "its replacement runs" if not service.start_first else
-                   "Swarm is updating it" if service.updating else None)
+                   _busy(service))
         if refused is not None:
             self._refuse(service, "move", refused)
             return
@@ -100,8 +100,8 @@ class SwarmActions:
             self._refuse(service, f"scale to {replicas}",
                          "a global service runs on every node" if service.mode != "replicated"
                          else "never below one replica")
-        elif service.updating:
-            self._refuse(service, f"scale to {replicas}", "Swarm is updating it")
+        elif (busy := _busy(service)) is not None:
+            self._refuse(service, f"scale to {replicas}", busy)
         else:
             self.scaled[service_id] = (replicas, why or f"{replicas} replicas")
 
@@ -191,3 +191,10 @@ class SwarmActions:
         if self._now - self._quiet.get(key, -QUIET_S) >= QUIET_S:
             self._quiet[key] = self._now
             log.warning("placement: service %s: %s refused: %s", service.name, what, why)
+
+
+def _busy(service: ServiceView) -> str | None:
+    """Why Swarm must not get another update of `service` now (None: it may): a new update
+    while a start-first replacement starts keeps the replacement and stops the old task."""
+    return ("Swarm is updating it" if service.updating else
+            "Swarm is starting a task of it" if service.starting else None)

@@ -106,6 +106,7 @@ class SwarmIndex:
     on_node: dict[str, list[int]]  # node ID ("": none yet) -> its tasks' places in `tasks`
     of_service: dict[str, list[int]]  # service ID -> the same
     running: Counter[str]  # service ID -> its tasks running
+    starting: Counter[str]  # service ID -> its tasks starting (swarmapi.starting)
 
     @classmethod
     def of(cls, snap: Snapshot) -> SwarmIndex:
@@ -122,8 +123,10 @@ class SwarmIndex:
         for i, t in enumerate(ours):
             on_node[t.node_id].append(i)
             of_service[t.service_id].append(i)
+        starting = Counter(t.service_id for t in snap.tasks if swarmapi.starting(t)
+                           and (s := snap.services.get(t.service_id)) and s.concerns_us)
         return cls(snap, snap.container_node(), ours, dict(on_node), dict(of_service),
-                   Counter(t.service_id for t in ours if t.state == "running"))
+                   Counter(t.service_id for t in ours if t.state == "running"), starting)
 
 
 @dataclass(eq=False)
@@ -401,7 +404,7 @@ class Manager:
             s.id, s.name, s.mode, s.replicas, index.running[s.id],
             s.objective.target_s if s.objective else None,
             s.objective.metric if s.objective else None, s.error, s.updating, s.start_first,
-            s.avoid) for s in sorted(services, key=lambda s: s.name)]
+            s.avoid, index.starting[s.id]) for s in sorted(services, key=lambda s: s.name)]
         return ClusterView(time.time(), self.node_id, swarm_error, nodes, service_views,
                            tasks, by_node={nid: made.views for nid, made in node_tasks.items()})
 

@@ -95,6 +95,7 @@ class ServiceView:
     replicas: int | None  # what it asks for; None: a global service (never moved)
     running: int  # tasks running now
     updating: bool = False  # Swarm is rolling an update of it
+    starting: int = 0  # its tasks Swarm wants running that do not run yet
 
 
 @dataclass(frozen=True)
@@ -511,12 +512,15 @@ class Placement:
         return Move(task.service, task.node, best[1], sum(m.need for m in movers), best[0])
 
     def _land(self, view: ClusterView, services: dict[str, ServiceView], plan: Plan) -> None:
-        """Moves that are done (no task of the service left on the source, all running, no
-        update rolling) or timed out are settled."""
+        """Moves that are done (no task of the service left on the source, all running, none
+        starting, no update rolling) or timed out are settled. Not before its replacement
+        runs: Swarm answers a service update made while a start-first replacement starts by
+        keeping the replacement and stopping the old task at once (none ran for 6-27 s of a
+        move when its constraint was lifted then)."""
         for name, flight in list(self._flights.items()):
             service = services.get(name)
             done = service is None or (
-                not service.updating and service.replicas is not None
+                not service.updating and not service.starting and service.replicas is not None
                 and service.running >= service.replicas
                 and (name, flight.move.source) not in self._placed)
             if done or view.now - flight.since > self.params.move_timeout_s:

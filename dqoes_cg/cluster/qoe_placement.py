@@ -63,7 +63,7 @@ class DecisionViews:
         self._made = made
         services = tuple(
             decision.ServiceView(s.id, s.replicas if s.mode == "replicated" and s.start_first
-                                 else None, s.running, s.updating)
+                                 else None, s.running, s.updating, s.starting)
             for s in view.services)
         by_node = {node_id: converted for node_id, (_, converted) in made.items()}
         return decision.ClusterView(now, nodes, tuple(chain.from_iterable(by_node.values())),

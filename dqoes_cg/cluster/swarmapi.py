@@ -155,12 +155,20 @@ class SwarmReader:
             changed or len(fresh) != len(parsed)
 
 
+def starting(task: SwarmTask) -> bool:
+    """Whether Swarm wants `task` running and it does not run yet (a start-first
+    replacement is created wanted "ready", then "running", beside the task it replaces)."""
+    return task.desired_state in ("ready", "running") and task.state != "running"
+
+
 def converging(snapshot: Snapshot) -> bool:
-    """Whether Swarm is still changing a service of ours: rolling an update through it, or
-    running another number of its tasks than it asks for."""
+    """Whether Swarm is still changing a service of ours: rolling an update through it,
+    starting a task of it, or running another number of its tasks than it asks for."""
     running = Counter(t.service_id for t in snapshot.tasks
                       if t.state == "running" and t.desired_state == "running")
-    return any(s.updating or (s.replicas is not None and running[s.id] != s.replicas)
+    started = {t.service_id for t in snapshot.tasks if starting(t)}
+    return any(s.updating or s.id in started
+               or (s.replicas is not None and running[s.id] != s.replicas)
                for s in snapshot.services.values() if s.concerns_us)
 
 

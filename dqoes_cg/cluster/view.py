@@ -114,6 +114,7 @@ class ServiceView:
     updating: bool  # Swarm is rolling an update through its tasks
     start_first: bool  # its update order: a new task runs before the old one stops
     avoid: tuple[str, ...] = ()  # node IDs the manager keeps its tasks off
+    starting: int = 0  # its tasks Swarm wants running that do not run yet
 
 
 @dataclass(frozen=True, slots=True)  # no __dict__: 100,000 of them at a time
