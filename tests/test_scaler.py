@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -272,6 +273,21 @@ def test_a_scale_and_its_constraints_are_one_update_of_the_service() -> None:
     assert actions.updates() == []
     assert Update("x", service_id="s", replicas=2) != Update("x", service_id="s")
 
+
+
+def test_a_move_waits_for_a_starting_task_and_a_scale_does_not() -> None:
+    """A changed constraint while a start-first replacement starts makes Swarm stop the old
+    task at once; a changed replica count alone leaves its tasks as they are."""
+    swarm = Swarm()
+    view = swarm.manager.tick(time.monotonic())
+    services = [replace(s, starting=1) if s.id == swarm.ids["dear"] else s
+                for s in view.services]
+    actions = SwarmActions(replace(view, services=services), 0.0, {})
+    actions.move_away(swarm.ids["dear"], swarm.node1)
+    assert actions.updates() == []
+    actions.scale(swarm.ids["dear"], 3, "more")
+    (update,) = actions.updates()
+    assert (update.replicas, update.avoid) == (3, frozenset())  # its constraints as they were
 
 # --- the simulator -------------------------------------------------------------------------
 

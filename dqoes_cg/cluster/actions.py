@@ -73,7 +73,10 @@ class SwarmActions:
         refused = ("a global service runs on every node" if service.mode != "replicated" else
                    "its update order is not start-first: a move would stop a task before "
                    "its replacement runs" if not service.start_first else
-                   _busy(service))
+                   "Swarm is updating it" if service.updating else
+                   # a constraint changed while a start-first replacement starts makes Swarm
+                   # keep the replacement and stop the old task at once
+                   "Swarm is starting a task of it" if service.starting else None)
         if refused is not None:
             self._refuse(service, "move", refused)
             return
@@ -100,8 +103,8 @@ class SwarmActions:
             self._refuse(service, f"scale to {replicas}",
                          "a global service runs on every node" if service.mode != "replicated"
                          else "never below one replica")
-        elif (busy := _busy(service)) is not None:
-            self._refuse(service, f"scale to {replicas}", busy)
+        elif service.updating:
+            self._refuse(service, f"scale to {replicas}", "Swarm is updating it")
         else:
             self.scaled[service_id] = (replicas, why or f"{replicas} replicas")
 
@@ -191,10 +194,3 @@ class SwarmActions:
         if self._now - self._quiet.get(key, -QUIET_S) >= QUIET_S:
             self._quiet[key] = self._now
             log.warning("placement: service %s: %s refused: %s", service.name, what, why)
-
-
-def _busy(service: ServiceView) -> str | None:
-    """Why Swarm must not get another update of `service` now (None: it may): a new update
-    while a start-first replacement starts keeps the replacement and stops the old task."""
-    return ("Swarm is updating it" if service.updating else
-            "Swarm is starting a task of it" if service.starting else None)
