@@ -2,7 +2,8 @@
 (dqoes_cg/cluster/darly.py) on a toy problem whose best actions are known, its weights saved
 and loaded (checked), Eq. 1 and the state's bounds, and in the pipeline simulator
 (bench/cluster/pipeline_env.py) a briefly trained agent beating random and do-nothing
-agents; the Fig. 5 bench's smoke test (python -m bench.cluster.darly --quick).
+agents; the Fig. 5 bench's smoke test (python -m bench.cluster.darly --quick) over two seeds
+and its ranking of the schedulers seed by seed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import pytest
 from bench.cluster.darly import (
     agent_policy,
     env_params,
+    eval_seed,
     evaluate,
     main,
     nothing_policy,
     random_policy,
+    ranking,
     summary,
     train,
 )
@@ -137,11 +140,50 @@ def test_a_trained_agent_beats_random_and_doing_nothing() -> None:
 
 
 def test_the_fig5_bench_runs_quick(tmp_path: Path) -> None:
-    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    assert main(["--quick", "--seeds", "0", "1", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "darly.json").read_text())
     assert set(results) == {"loose", "strict"}
+    names = {"fullmap", "custom", "swarm", "profile", "model", "fixed", "nothing", "random"}
     for res in results.values():
-        assert set(res["policies"]) == {"fullmap", "custom", "swarm", "profile", "model",
-                                        "fixed", "nothing", "random"}
-        for figures in res["policies"].values():
+        assert res["seeds"] == [0, 1]
+        assert set(res["policies"]) == names and set(res["per_seed"]) == names
+        for name, figures in res["policies"].items():
             assert {"violations", "reward", "replicas", "nodes"} <= set(figures)
+            seeds = [f["violations"] for f in res["per_seed"][name]]
+            assert len(seeds) == 2
+            assert figures["violations"] == {"median": float(np.median(seeds)),
+                                             "min": min(seeds), "max": max(seeds)}
+        assert set(res["ranking"]) == {"fullmap", "custom", "swarm", "profile"}
+        assert all(len(t["minutes"]) == 2 for t in res["training"].values())
+    assert "| custom |" in (tmp_path / "darly.md").read_text()
+    store = json.loads((tmp_path / "fig5-runs.json").read_text())
+    assert len(store) == 2 * 2 * 8  # seeds x constraints x policies, each kept once done
+
+
+def test_the_fig5_bench_resumes_from_its_store(tmp_path: Path) -> None:
+    assert main(["--quick", "--seeds", "3", "--out", str(tmp_path)]) == 0
+    first = json.loads((tmp_path / "darly.json").read_text())
+    assert main(["--quick", "--seeds", "3", "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "darly.json").read_text())
+    # nothing trained again: the same training minutes, as measured the first time
+    assert again["loose"]["training"] == first["loose"]["training"]
+    assert again["strict"]["per_seed"] == first["strict"]["per_seed"]
+
+
+def test_each_seed_judges_on_its_own_held_out_runs() -> None:
+    assert eval_seed(0, 5) == 1000  # seed 0's runs are the single-seed bench's
+    assert eval_seed(1, 5) == 1005 and eval_seed(2, 5) == 1010
+
+
+def test_the_ranking_counts_each_seed_and_ties() -> None:
+    def seed(violations: float, reward: float = 0.0) -> dict[str, float]:
+        return {"violations": violations, "reward": reward}
+
+    per_seed = {"fullmap": [seed(30), seed(10)], "custom": [seed(20), seed(10)],
+                "swarm": [seed(40), seed(50)], "profile": [seed(20, 5.0), seed(12)],
+                "model": [seed(25), seed(60)], "fixed": [seed(21), seed(5)]}
+    got = ranking(per_seed)
+    assert got["profile"] == {"best": 1, "worst": 0, "beats_model": 2, "beats_fixed": 1}
+    assert got["custom"] == {"best": 1, "worst": 0, "beats_model": 2, "beats_fixed": 1}
+    assert got["fullmap"]["best"] == 1  # tied with custom in the second seed
+    assert got["swarm"] == {"best": 0, "worst": 2, "beats_model": 1, "beats_fixed": 0}

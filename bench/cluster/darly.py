@@ -10,7 +10,16 @@ seeds for all (so the same interference and rates), greedy (no exploration). Per
 the QoS quotient La/Lt over time, the cumulative reward (Eq. 1), the violations (windows
 over Lt), the mean replicas and nodes used; a plot with matplotlib when it is installed.
 
-    python3 -m bench.cluster.darly [--quick] [--episodes N] [--out DIR] [--weights DIR]
+All of it is repeated for each seed of --seeds: seed s trains the agents on seed s and
+judges every policy on its own held-out runs (EVAL_SEED + EVAL_RUNS s onwards, never
+trained on), so the figures' median and range over the seeds show what a training seed and
+an interference trace move, and the schedulers' ranking is compared seed by seed (same runs
+for all policies within a seed). darly.json, darly.md (the tables), darly.png; each judged
+policy is kept in fig5-runs.json as it is done, and a rerun skips it (a stopped run
+resumes; the same figures, as all is seeded).
+
+    python3 -m bench.cluster.darly [--quick] [--episodes N] [--seeds S ...] [--jobs J]
+                                   [--out DIR] [--weights DIR]
 """
 
 from __future__ import annotations
@@ -19,9 +28,11 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +58,12 @@ EPISODE_STEPS = 50
 EPISODES = 1500
 EVAL_RUNS = 5
 EVAL_STEPS = 200
+EVAL_SEED = 1000  # the first evaluation run's seed; training seeds stay below it
+SEEDS = (0, 1, 2, 3, 4)
+FIGURES = ("violations", "reward", "replicas", "nodes")
+LEARNT = SCHEDULERS
+BASELINES = ("model", "fixed", "nothing", "random")  # as judged_baselines makes them
+QUOTIENT_SHOWN = 4.0  # the quotient over time is kept up to this (inf: overloaded)
 FIXED_REPLICAS = (2, 3, 2, 3, 1)  # by the model: holds the top rate on idle nodes
 RESULTS = Path(__file__).parent / "results" / "darly"
 
@@ -168,10 +185,15 @@ def run(env: PipelineEnv, policy: Policy, scheduler: str, steps: int = EVAL_STEP
 
 def evaluate(policy_for: Callable[[], Policy], scheduler: str, params: EnvParams,
              runs: int = EVAL_RUNS, steps: int = EVAL_STEPS,
-             replicas: Sequence[int] | None = None) -> list[Trace]:
-    """`runs` runs of a fresh policy on the evaluation seeds (1000 + run)."""
-    return [run(PipelineEnv(params, seed=1000 + i), policy_for(), scheduler, steps, replicas)
+             replicas: Sequence[int] | None = None, first: int = EVAL_SEED) -> list[Trace]:
+    """`runs` runs of a fresh policy on the evaluation seeds (first + run)."""
+    return [run(PipelineEnv(params, seed=first + i), policy_for(), scheduler, steps, replicas)
             for i in range(runs)]
+
+
+def eval_seed(seed: int, runs: int) -> int:
+    """The first evaluation run of training seed `seed`: its runs are its own, held out."""
+    return EVAL_SEED + runs * seed
 
 
 def summary(traces: Sequence[Trace]) -> dict[str, float]:
@@ -179,45 +201,237 @@ def summary(traces: Sequence[Trace]) -> dict[str, float]:
     return {k: float(np.mean([f[k] for f in each])) for k in each[0]}
 
 
-def experiment(constraint: str, episodes: int, runs: int, steps: int, seed: int = 0,
-               weights: Path | None = None) -> dict[str, object]:
-    """Each scheduler trained and judged, and the other policies judged, at `constraint`
-    (each agent's weights saved in `weights` as darly-SCHEDULER-CONSTRAINT.npz)."""
+@dataclass
+class Training:
+    episodes: int
+    minutes: float
+    episode_reward: list[float]
+
+
+@dataclass
+class Judged:
+    """One policy at one constraint and seed: each evaluation run's figures, the first run
+    over time, and its training when it learnt."""
+
+    policy: str
+    constraint: str
+    seed: int
+    runs: list[dict[str, float]]
+    first: Trace
+    training: Training | None = None
+
+    @classmethod
+    def of(cls, policy: str, constraint: str, seed: int, traces: Sequence[Trace],
+           training: Training | None = None) -> Judged:
+        t = traces[0]
+        first = Trace([float(min(q, QUOTIENT_SHOWN)) for q in t.quotient],
+                      [float(r) for r in t.rewards], [int(r) for r in t.replicas],
+                      [int(n) for n in t.servers])
+        runs = [{k: float(v) for k, v in x.figures().items()} for x in traces]
+        return cls(policy, constraint, seed, runs, first, training)
+
+    def record(self) -> dict[str, object]:
+        """As kept in the store (JSON)."""
+        training = None if self.training is None else {
+            "episodes": self.training.episodes, "minutes": self.training.minutes,
+            "episode_reward": self.training.episode_reward}
+        return {"policy": self.policy, "constraint": self.constraint, "seed": self.seed,
+                "runs": self.runs, "first": asdict(self.first), "training": training}
+
+    @classmethod
+    def from_record(cls, doc: dict[str, Any]) -> Judged:
+        training = doc["training"]
+        return cls(doc["policy"], doc["constraint"], int(doc["seed"]), doc["runs"],
+                   Trace(**doc["first"]), None if training is None else Training(**training))
+
+    def figures(self) -> dict[str, float]:
+        """The mean over its evaluation runs."""
+        return {k: float(np.mean([r[k] for r in self.runs])) for k in self.runs[0]}
+
+
+def judged_agent(scheduler: str, constraint: str, episodes: int, runs: int, steps: int,
+                 seed: int, weights: Path | None) -> Judged:
+    """`scheduler`'s agent trained on `seed` and judged on the seed's evaluation runs (its
+    weights saved in `weights` as darly-SCHEDULER-CONSTRAINT-sSEED.npz)."""
     params = env_params(constraint)
-    env = PipelineEnv(params)
-    out: dict[str, object] = {"target_s": params.target_s}
-    traces: dict[str, list[Trace]] = {}
-    training: dict[str, dict[str, object]] = {}
-    for scheduler in SCHEDULERS:
-        started = time.monotonic()
-        agent, totals = train(scheduler, params, episodes, seed=seed)
-        training[scheduler] = {"episodes": episodes, "steps": episodes * EPISODE_STEPS,
-                               "minutes": (time.monotonic() - started) / 60.0,
-                               "episode_reward": totals}
-        if weights is not None:
-            weights.mkdir(parents=True, exist_ok=True)
-            agent.save(weights / f"darly-{scheduler}-{constraint}.npz")
-        space = ActionSpace(scheduler, env.stages, env.nodes)
-        traces[scheduler] = evaluate(lambda a=agent, s=space: agent_policy(a, s),
-                                     scheduler, params, runs, steps)
-    space = ActionSpace("fullmap", env.stages, env.nodes)
-    traces["model"] = evaluate(ModelScalerPolicy, "fullmap", params, runs, steps)
-    traces["fixed"] = evaluate(lambda: nothing_policy, "swarm", params, runs, steps,
-                               FIXED_REPLICAS)
-    traces["nothing"] = evaluate(lambda: nothing_policy, "swarm", params, runs, steps)
-    traces["random"] = evaluate(lambda: random_policy(space), "fullmap", params, runs, steps)
-    out["training"] = training
-    out["policies"] = {name: summary(t) for name, t in traces.items()}
-    out["traces"] = {name: {"quotient": [min(q, 4.0) for q in t[0].quotient],
-                            "reward": list(np.cumsum(t[0].rewards)),
-                            "replicas": t[0].replicas, "servers": t[0].servers}
-                     for name, t in traces.items()}
+    started = time.monotonic()
+    agent, totals = train(scheduler, params, episodes, seed=seed)
+    training = Training(episodes, (time.monotonic() - started) / 60.0,
+                        [round(r, 1) for r in totals])  # kept for the plot, and stored
+    if weights is not None:
+        weights.mkdir(parents=True, exist_ok=True)
+        agent.save(weights / f"darly-{scheduler}-{constraint}-s{seed}.npz")
+    probe = PipelineEnv(params)
+    space = ActionSpace(scheduler, probe.stages, probe.nodes)
+    traces = evaluate(lambda: agent_policy(agent, space), scheduler, params, runs, steps,
+                      first=eval_seed(seed, runs))
+    return Judged.of(scheduler, constraint, seed, traces, training)
+
+
+def judged_baselines(constraint: str, runs: int, steps: int, seed: int) -> list[Judged]:
+    """The policies that do not learn, on the seed's evaluation runs: the model-based
+    scaler, Swarm's default (a fixed deployment spread by Swarm), nothing, random."""
+    params = env_params(constraint)
+    probe = PipelineEnv(params)
+    space = ActionSpace("fullmap", probe.stages, probe.nodes)
+    first = eval_seed(seed, runs)
+    got = {"model": evaluate(ModelScalerPolicy, "fullmap", params, runs, steps, first=first),
+           "fixed": evaluate(lambda: nothing_policy, "swarm", params, runs, steps,
+                             FIXED_REPLICAS, first=first),
+           "nothing": evaluate(lambda: nothing_policy, "swarm", params, runs, steps,
+                               first=first),
+           "random": evaluate(lambda: random_policy(space, seed), "fullmap", params, runs,
+                              steps, first=first)}
+    return [Judged.of(name, constraint, seed, traces) for name, traces in got.items()]
+
+
+def _judged_agent(job: tuple[str, str, int, int, int, int, Path | None]) -> Judged:
+    return judged_agent(*job)
+
+
+def store_key(policy: str, constraint: str, seed: int, episodes: int | None, runs: int,
+              steps: int) -> str:
+    """A judged policy's name in the store (episodes None: it does not learn)."""
+    trained = "" if episodes is None else f" episodes={episodes}"
+    return f"{constraint} {policy} seed={seed}{trained} runs={runs} steps={steps}"
+
+
+def judge_all(episodes: int, runs: int, steps: int, seeds: Sequence[int], jobs: int,
+              weights: Path | None, store: Path | None = None) -> list[Judged]:
+    """Every policy at every constraint and seed; the agents' trainings `jobs` at a time.
+    Each judged policy is kept in `store` (JSON) as it is done, and one found there is not
+    run again, so a stopped run resumes."""
+    kept: dict[str, dict[str, Any]] = json.loads(store.read_text()) \
+        if store is not None and store.exists() else {}
+
+    def keep(key: str, j: Judged) -> Judged:
+        kept[key] = j.record()  # type: ignore[assignment]
+        if store is not None:
+            store.write_text(json.dumps(kept))
+        return j
+
+    out = []
+    for seed in seeds:
+        for constraint in CONSTRAINTS:
+            keys = [store_key(n, constraint, seed, None, runs, steps) for n in BASELINES]
+            if all(k in kept for k in keys):
+                out += [Judged.from_record(kept[k]) for k in keys]
+            else:
+                out += [keep(k, j) for k, j in zip(
+                    keys, judged_baselines(constraint, runs, steps, seed), strict=True)]
+    todo = []
+    for seed in seeds:
+        for constraint in CONSTRAINTS:
+            for scheduler in LEARNT:
+                key = store_key(scheduler, constraint, seed, episodes, runs, steps)
+                if key in kept:
+                    out.append(Judged.from_record(kept[key]))
+                else:
+                    todo.append((scheduler, constraint, episodes, runs, steps, seed, weights))
+
+    def trained(done: Iterable[Judged]) -> None:
+        for j in done:
+            print(f"  {j.constraint} seed {j.seed} {j.policy}: violations "
+                  f"{j.figures()['violations']:.1f} ({j.training.minutes if j.training else 0:.1f}"
+                  " min)", flush=True)
+            out.append(keep(store_key(j.policy, j.constraint, j.seed, episodes, runs, steps),
+                            j))
+
+    if jobs > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            trained(pool.map(_judged_agent, todo))
+    else:
+        trained(map(_judged_agent, todo))
     return out
 
 
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": float(np.median(values)), "min": float(np.min(values)),
+            "max": float(np.max(values))}
+
+
+def ranking(per_seed: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, int]]:
+    """Per learnt scheduler, over the seeds (each seed's policies judged on the same runs):
+    how often it had the fewest violations of the four (ties by reward), the most, and
+    fewer than the model-based scaler and than Swarm's default."""
+    seeds = len(per_seed["model"])
+    out = {s: {"best": 0, "worst": 0, "beats_model": 0, "beats_fixed": 0} for s in LEARNT}
+    for i in range(seeds):
+        order = {s: (per_seed[s][i]["violations"], -per_seed[s][i]["reward"])
+                 for s in LEARNT}
+        for s, at in order.items():  # a tie counts for each tied scheduler
+            out[s]["best"] += at == min(order.values())
+            out[s]["worst"] += at == max(order.values())
+        for s in LEARNT:
+            mine = per_seed[s][i]["violations"]
+            out[s]["beats_model"] += mine < per_seed["model"][i]["violations"]
+            out[s]["beats_fixed"] += mine < per_seed["fixed"][i]["violations"]
+    return out
+
+
+def assemble(judged: Sequence[Judged], seeds: Sequence[int]) -> dict[str, dict[str, object]]:
+    """Per constraint: per policy each seed's figures (`per_seed`, in `seeds`' order) and
+    their median and range (`policies`), the learnt schedulers' ranking, their training
+    (minutes per seed, the first seed's reward an episode), and the first seed's first
+    evaluation run over time (`traces`)."""
+    results: dict[str, dict[str, object]] = {}
+    for constraint, target in CONSTRAINTS.items():
+        mine = [j for j in judged if j.constraint == constraint]
+        names = list(LEARNT) + list(BASELINES)
+        by = {(j.policy, j.seed): j for j in mine}
+        per_seed = {n: [by[n, s].figures() for s in seeds] for n in names}
+        first = {n: by[n, seeds[0]] for n in names}
+        trainings = {s: [t for seed in seeds if (t := by[s, seed].training) is not None]
+                     for s in LEARNT}
+        results[constraint] = {
+            "target_s": target,
+            "seeds": list(seeds),
+            "policies": {n: {f: spread([x[f] for x in per_seed[n]]) for f in FIGURES}
+                         for n in names},
+            "ranking": ranking(per_seed),
+            "per_seed": per_seed,
+            "training": {s: {"episodes": trainings[s][0].episodes,
+                             "minutes": [t.minutes for t in trainings[s]],
+                             "episode_reward": trainings[s][0].episode_reward}
+                         for s in LEARNT},
+            "traces": {n: {"quotient": j.first.quotient,
+                           "reward": [float(x) for x in np.cumsum(j.first.rewards)],
+                           "replicas": j.first.replicas, "servers": j.first.servers}
+                       for n, j in first.items()}}
+    return results
+
+
+def markdown(results: dict[str, dict[str, object]], runs: int, steps: int) -> str:
+    """The tables: per constraint and policy the median [min-max] over the seeds of each
+    figure, then the learnt schedulers' ranking seed by seed."""
+    lines: list[str] = []
+    for constraint, res in results.items():
+        policies, rank = res["policies"], res["ranking"]
+        assert isinstance(policies, dict) and isinstance(rank, dict)
+        seeds = len(res["seeds"])  # type: ignore[arg-type]
+        lines += [f"### {constraint} (Lt {res['target_s']} s), {seeds} seeds", "",
+                  f"| policy | violations /{steps} | reward | replicas | nodes |",
+                  "|---|---|---|---|---|"]
+        for name, figures in policies.items():
+            cells = [f"{f['median']:.{d}f} [{f['min']:.{d}f} to {f['max']:.{d}f}]"
+                     for f, d in zip((figures[k] for k in FIGURES), (1, 0, 1, 2),
+                                     strict=True)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["", "| scheduler | fewest violations of the four | most | fewer than "
+                  "model | fewer than Swarm's default |", "|---|---|---|---|---|"]
+        for name, r in rank.items():
+            lines.append(f"| {name} | {r['best']}/{seeds} | {r['worst']}/{seeds} | "
+                         f"{r['beats_model']}/{seeds} | {r['beats_fixed']}/{seeds} |")
+        lines.append("")
+    lines.append(f"Violations are the mean over {runs} evaluation runs of {steps} windows "
+                 "(per seed), reward their mean cumulative Eq. 1; [min to max] over seeds.")
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: dict[str, dict[str, object]], path: Path) -> bool:
-    """Per constraint: the QoS quotient and cumulative reward over the first evaluation
-    run, and each agent's reward an episode while it trained (False: matplotlib is not
+    """Per constraint: the QoS quotient and cumulative reward over the first seed's first
+    evaluation run, each agent's reward an episode while it trained (first seed), and each
+    policy's violations seed by seed with their median (False: matplotlib is not
     installed)."""
     try:
         import matplotlib
@@ -226,16 +440,17 @@ def plot(results: dict[str, dict[str, object]], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, len(results), figsize=(6 * len(results), 10), squeeze=False)
+    fig, axes = plt.subplots(4, len(results), figsize=(6 * len(results), 13), squeeze=False)
     for col, (constraint, res) in enumerate(results.items()):
-        traces, training = res["traces"], res["training"]
-        assert isinstance(traces, dict) and isinstance(training, dict)
+        traces, training, per_seed = res["traces"], res["training"], res["per_seed"]
+        assert isinstance(traces, dict) and isinstance(training, dict) \
+            and isinstance(per_seed, dict)
         for scheduler, t in training.items():
             rewards = np.asarray(t["episode_reward"])
             width = max(1, len(rewards) // 30)
             smooth = np.convolve(rewards, np.ones(width) / width, mode="valid")
             axes[2][col].plot(smooth, label=scheduler, lw=0.8)
-        axes[2][col].set_title("training: reward an episode (moving mean)")
+        axes[2][col].set_title("training: reward an episode (moving mean, first seed)")
         axes[2][col].set_xlabel(f"episode ({EPISODE_STEPS} windows)")
         for name, tr in traces.items():
             if name == "random":
@@ -247,6 +462,14 @@ def plot(results: dict[str, dict[str, object]], path: Path) -> bool:
         axes[0][col].set_ylim(0, 2)
         axes[1][col].set_title("cumulative reward (Eq. 1)")
         axes[1][col].set_xlabel(f"evaluation window ({STEP_S:.0f} s)")
+        names = [n for n in per_seed if n not in ("nothing", "random")]
+        for x, name in enumerate(names):
+            values = [f["violations"] for f in per_seed[name]]
+            axes[3][col].plot([x] * len(values), values, "o", color="C0", alpha=0.5, ms=4)
+            axes[3][col].plot([x - 0.3, x + 0.3], [np.median(values)] * 2, color="k")
+        axes[3][col].set_xticks(range(len(names)), names, fontsize=8)
+        axes[3][col].set_title(f"violations (of {EVAL_STEPS}) per seed, and median")
+        axes[3][col].set_ylim(bottom=0)
     axes[0][0].legend(fontsize=7)
     axes[2][0].legend(fontsize=7)
     fig.tight_layout()
@@ -260,31 +483,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few episodes and short runs")
     p.add_argument("--episodes", type=int, default=EPISODES)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS),
+                   help=f"training seeds (below {EVAL_SEED}), one evaluation each")
+    p.add_argument("--jobs", type=int, default=1, help="trainings at a time")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--weights", type=Path, default=None, metavar="DIR",
                    help="save each trained agent there (dqoes-manager --weights takes one "
                         "as DIR/darly-PIPELINE.npz for a pipeline of 5 stages on 4 nodes)")
     args = p.parse_args(argv)
+    if not args.seeds or min(args.seeds) < 0 or max(args.seeds) >= EVAL_SEED \
+            or len(set(args.seeds)) != len(args.seeds):
+        p.error(f"--seeds: distinct seeds from 0 to {EVAL_SEED - 1}")
     episodes, runs, steps = (5, 1, 20) if args.quick else (args.episodes, EVAL_RUNS,
                                                             EVAL_STEPS)
-    results = {c: experiment(c, episodes, runs, steps, args.seed, args.weights)
-               for c in CONSTRAINTS}
+    started = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    judged = judge_all(episodes, runs, steps, args.seeds, max(1, args.jobs), args.weights,
+                       args.out / "fig5-runs.json")
+    results = assemble(judged, args.seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "darly.json").write_text(json.dumps(results, indent=1))
+    table = markdown(results, runs, steps)
+    (args.out / "darly.md").write_text(table)
     plotted = plot(results, args.out / "darly.png")
+    print(table)
     for constraint, res in results.items():
-        print(f"{constraint} (Lt {res['target_s']} s):")
-        policies = res["policies"]
-        assert isinstance(policies, dict)
-        for name, f in policies.items():
-            print(f"  {name:8} violations {f['violations']:6.1f}/{f['windows']:.0f}  reward "
-                  f"{f['reward']:8.1f}  replicas {f['replicas']:5.2f}  nodes {f['nodes']:4.2f}")
         training = res["training"]
         assert isinstance(training, dict)
-        print("  training: " + ", ".join(f"{s} {t['minutes']:.1f} min"
-                                         for s, t in training.items()))
-    print(f"results in {args.out}" + ("" if plotted else " (no plot: matplotlib missing)"))
+        print(f"{constraint} training ({episodes} episodes), minutes per seed: " + ", ".join(
+            f"{s} {min(t['minutes']):.1f}-{max(t['minutes']):.1f}"
+            for s, t in training.items()))
+    print(f"{(time.monotonic() - started) / 60.0:.1f} minutes in all; results in {args.out}"
+          + ("" if plotted else " (no plot: matplotlib missing)"))
     return 0
 
 

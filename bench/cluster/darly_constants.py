@@ -8,6 +8,7 @@ results/darly/constants.json (a rerun skips it); the table is printed (constants
 it with the choice made from it).
 
     python3 -m bench.cluster.darly_constants [--episodes N] [--seeds 0 1 2] [--jobs 2]
+                                             [--only K1 K2 K3 ...]
 """
 
 from __future__ import annotations
@@ -39,11 +40,17 @@ from .pipeline_env import PipelineEnv
 
 SCHEDULER = "custom"
 REFERENCE = (1.0, 20.0, 10.0)  # the constants before this measurement
-# k1 swept over what the module's bound allows (below one node or replica saved); k3 and k2
-# checked at the reference k1: k3 below and above the resources' best (N + 2 = 6), k2 its
-# bound on an overloaded window
-CANDIDATES = ((0.0, 20.0, 10.0), (0.5, 20.0, 10.0), (1.0, 20.0, 10.0), (2.0, 20.0, 10.0),
-              (3.0, 20.0, 10.0), (1.0, 20.0, 3.0), (1.0, 40.0, 20.0))
+# k1 swept from 0 to 8 (above 3, a held window near the constraint earns more than any
+# saving of nodes or replicas: N/sp + Rs/r is at most N + 1 = 5); then, at the chosen k1 = 3,
+# k3 below, at and above the most a held window earns (N + 1 + k1 = 8) and k2 from just
+# above k3 (an overloaded window costs about what a violation does) to 4 times it; the
+# first k3 and k2 checks were at the former k1 = 1
+K1_SWEEP = ((0.0, 20.0, 10.0), (0.5, 20.0, 10.0), (1.0, 20.0, 10.0), (2.0, 20.0, 10.0),
+            (3.0, 20.0, 10.0), (5.0, 20.0, 10.0), (8.0, 20.0, 10.0))
+K3_SWEEP = ((3.0, 20.0, 3.0), (3.0, 20.0, 6.0), (3.0, 20.0, 15.0))
+K2_SWEEP = ((3.0, 12.0, 10.0), (3.0, 40.0, 10.0), (3.0, 80.0, 10.0))
+FORMER = ((1.0, 20.0, 3.0), (1.0, 40.0, 20.0))
+CANDIDATES = K1_SWEEP + K3_SWEEP + K2_SWEEP + FORMER
 EPISODES = 1000
 
 
@@ -92,13 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=EPISODES)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--only", type=float, nargs=3, action="append", metavar=("K1", "K2", "K3"),
+                   help="measure only these candidates (repeatable; default: all)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "constants.json"
     done: dict[str, dict[str, float]] = json.loads(store.read_text()) \
         if store.exists() else {}
-    todo = [(k, c, s) for k in CANDIDATES for s in args.seeds for c in CONSTRAINTS
+    candidates = [tuple(k) for k in args.only] if args.only else CANDIDATES
+    todo = [(k, c, s) for k in candidates for s in args.seeds for c in CONSTRAINTS
             if key(k, c, s) not in done]
     with ProcessPoolExecutor(args.jobs) as pool:
         for name, figures in pool.map(measure, *zip(*todo, strict=True),
