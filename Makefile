@@ -36,8 +36,8 @@ lint:
 test: deps lint
 	cd $(ROOT) && $(PYTHON) -m pytest -q -rs
 
-# The multi-node Swarm tests (their own guest, 48 minutes once on a loaded host), not part of
-# `make test`.
+# All the multi-node Swarm tests (their own guest, 48 minutes once on a loaded host); `make test`
+# runs their smoke test only (marker swarm_smoke).
 test-swarm: deps
 	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
 

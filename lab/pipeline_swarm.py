@@ -36,6 +36,18 @@ PORT = 7000
 LOAD = "pipeline-load"
 
 
+def stage_labels(stages: Sequence[str], target: str) -> dict[str, dict[str, str]]:
+    """Each stage's service labels: a chain, the first with the end-to-end target (mean).
+    No stage has a dqoes.target or dqoes.metric of its own: the manager gives each its share."""
+    labels: dict[str, dict[str, str]] = {}
+    for i, name in enumerate(stages):
+        labels[name] = {"dqoes.pipeline": PIPELINE}
+        if i + 1 < len(stages):
+            labels[name]["dqoes.next"] = stages[i + 1]
+    labels[stages[0]] |= {"dqoes.pipeline.target": target, "dqoes.pipeline.metric": "mean"}
+    return labels
+
+
 class PipelineFlow:
     def __init__(self, swarm: Swarm, stages: Sequence[str] = STAGES, model: str = "micro"
                  ) -> None:
@@ -61,20 +73,14 @@ class PipelineFlow:
     def create_stages(self, target: str, options: Sequence[str] = ()) -> None:
         """The stages as services of one replica each, a chain, the first with the
         pipeline's end-to-end target (mean); each with a dqoes volume (its ring)."""
+        labels = stage_labels(self.stages, target)
         for i, name in enumerate(self.stages):
-            labels = ["--label", f"dqoes.pipeline={PIPELINE}", "--label", "dqoes.metric=mean"]
-            nexts: list[str] = []
-            if i + 1 < len(self.stages):
-                labels += ["--label", f"dqoes.next={self.stages[i + 1]}"]
-                nexts = ["--next", f"{self.stages[i + 1]}:{PORT}"]
-            if i == 0:
-                labels += ["--label", f"dqoes.pipeline.target={target}",
-                           "--label", "dqoes.pipeline.metric=mean"]
+            nexts = ["--next", f"{self.stages[i + 1]}:{PORT}"] if i + 1 < len(self.stages) else []
             opts, command = self._python(
                 "lab.pipeline_stage", "--name", name, "--model", self.model,
                 "--port", str(PORT), *nexts,
-                options=[*labels, "--mount", VOLUME, "--update-order", "start-first",
-                         *options])
+                options=[*(o for k, v in labels[name].items() for o in ("--label", f"{k}={v}")),
+                         "--mount", VOLUME, "--update-order", "start-first", *options])
             self.swarm.create_service(name, PYTHON_IMAGE, command, options=opts)
         for name in self.stages:
             self.swarm.wait_running(name, 1)

@@ -98,6 +98,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 """
 SERVICE_LABEL = "com.docker.swarm.service.name"  # on every task's container
 IFF_UP = 0x1  # a link's flag: administratively up
+# A node is down to the manager some heartbeats after its last (Swarm's default period: 5 s);
+# on a loaded host an engine of the emulated CPU stalls longer than that, and Swarm then
+# moved running tasks to another node mid-test.
+DISPATCHER_HEARTBEAT = "20s"
 START_TIMEOUT = 600.0  # an engine's start, a join, a service's convergence: minutes on TCG
 
 
@@ -474,7 +478,8 @@ class Swarm:
         before any node sets it up."""
         manager = self.manager
         manager.run_docker("swarm", "init", "--advertise-addr", manager.address,
-                           "--listen-addr", f"{manager.address}:{SWARM_PORT}")
+                           "--listen-addr", f"{manager.address}:{SWARM_PORT}",
+                           "--dispatcher-heartbeat", DISPATCHER_HEARTBEAT)
         manager.engine.request("DELETE", "/networks/ingress")
 
     def _join_all(self) -> None:

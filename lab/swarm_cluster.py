@@ -20,7 +20,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dqoes_cg.cluster.show import format_cluster
 from dqoes_cg.cluster.swarmapi import PAUSED_LABEL
+from dqoes_cg.cluster.view import ClusterView
+from dqoes_cg.control import DaemonUnavailable, RequestError, request
 from dqoes_cg.engines.volume_driver import DRIVER, SOCKET_NAME, plugin_spec
 from lab.shell import sh, wait_for
 from lab.swarm import Node, Swarm
@@ -102,21 +105,20 @@ class ClusterDaemons:
                 tails.append("--- manager's placement decisions\n" + "\n".join(decisions))
         return "\n".join(tails)
 
-    def _ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "dqoes_cg.ctl", "cluster", "status", *args,
-             "--manager-socket", str(self.manager_socket)], capture_output=True, text=True,
-            timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-
     def status(self) -> dict[str, Any] | None:
-        """`dqoesctl cluster status --json` (None while the manager does not answer)."""
-        result = self._ctl("--json")
-        return json.loads(result.stdout) if result.returncode == 0 else None
+        """What `dqoesctl cluster status --json` shows (None while the manager does not
+        answer), asked here: a dqoesctl process every few seconds costs the emulated CPU
+        seconds of its own."""
+        try:
+            view: dict[str, Any] = request(self.manager_socket, "cluster-status", timeout=120)
+        except (DaemonUnavailable, RequestError):
+            return None
+        return view
 
     def table(self) -> str:
-        """`dqoesctl cluster status` ("" while the manager does not answer)."""
-        result = self._ctl()
-        return result.stdout if result.returncode == 0 else ""
+        """What `dqoesctl cluster status` shows ("" while the manager does not answer)."""
+        doc = self.status()
+        return format_cluster(ClusterView.from_json(doc)) if doc is not None else ""
 
     def wait(self, what: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         """The manager's view once `check` holds for it."""

@@ -137,6 +137,18 @@ def test_a_stuck_task_moves_after_its_settle_time_to_the_node_with_room(
     assert "no longer stuck after" in caplog.text
 
 
+def test_a_stuck_task_that_no_node_can_take_stays_and_the_log_says_why_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "dqoes_cg.cluster.qoe_placement")
+    cluster = Crowded()
+    for seconds in range(1, int(3 * SETTLE_S), 10):
+        cluster.at(seconds, measured_s=4.8)  # each needs 0.6 CPUs: more than a node has
+    assert cluster.updates() == []
+    why = [r.getMessage() for r in caplog.records if "stuck, not moved: no node has room for "
+           "its need of 0.60 CPUs with 10% to spare" in r.getMessage()]
+    assert len(why) == 2 and why[0] != why[1], caplog.text  # each task, once
+
+
 def test_a_service_whose_update_order_is_stop_first_is_never_moved() -> None:
     cluster = Crowded(start_first=False)
     for seconds in range(1, int(3 * SETTLE_S), 10):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,8 +16,15 @@ import pytest
 from lab.guest.elf import ELF_MAGIC, has_pvh_note
 from lab.guest.initramfs import module_load_order
 from lab.guest.kernel import find_kernel, vmlinux_path
-from lab.guest.routing import GuestRebootWarning, GuestRunner, Route, choose_own_guest_route
+from lab.guest.routing import (
+    GuestChain,
+    GuestRebootWarning,
+    GuestRunner,
+    Route,
+    choose_own_guest_route,
+)
 from lab.guest.vm import GuestConfig, GuestError, GuestStopped, Share, mount_order
+from lab.shell import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -195,3 +203,41 @@ def test_a_stopped_guest_is_replaced_once_by_one_running_what_it_had_not_reporte
             with pytest.raises(GuestError, match="failed earlier: the guest stopped"):
                 runner.result(ids[2])
     assert started == [ids, ids[1:]]
+
+
+def test_a_chain_of_guests_boots_each_once_the_one_before_reported_all_its_tests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swarm smoke test's guest after the kernel tests' one, each of its own size."""
+    events: list[str] = []
+
+    class Reporting(_StoppingGuest):
+        def __init__(self, config: GuestConfig) -> None:
+            ctl = tmp_path / f"guest{config.memory_mib}"
+            ctl.mkdir()
+            super().__init__(99, ctl, [])
+            self._memory = config.memory_mib
+
+        def start(self, argv: list[str], **kwargs: object) -> None:
+            events.append(f"boot {self._memory}: {[a for a in argv if '::' in a]}")
+            super().start(argv, **kwargs)
+
+        def poll(self) -> int | None:
+            return 0
+
+        def close(self) -> None:
+            events.append(f"close {self._memory}")
+
+    monkeypatch.setattr("lab.guest.routing.Guest", Reporting)
+    monkeypatch.setattr("lab.guest.routing.CHAIN_POLL_S", 0.01)
+    kernel, smoke = ["tests/k.py::test_0", "tests/k.py::test_1"], ["tests/s.py::test_smoke"]
+    chain = GuestChain([GuestRunner(tmp_path, kernel, GuestConfig(memory_mib=2048)),
+                        GuestRunner(tmp_path, smoke, GuestConfig(memory_mib=4096))])
+    assert chain.result(kernel[0])["outcome"] == "passed"
+    # The next guest boots once the first reported all its tests, before its own are asked
+    # for (the host may be waiting on another guest's tests).
+    wait_for(lambda: len(events) == 3, 60.0, "the smoke test's guest booted", events.copy)
+    assert events == [f"boot 2048: {kernel}", "close 2048", f"boot 4096: {smoke}"]
+    assert [chain.result(n)["outcome"] for n in [kernel[1], *smoke]] == ["passed"] * 2
+    # The thread that booted the guest outlives it (the guest dies with it).
+    assert any(t.name == "guest-chain" for t in threading.enumerate())
+    chain.close()

@@ -31,6 +31,7 @@ from dqoes_cg.jsonline import encode
 from dqoes_cg.membership.labels import objective
 from dqoes_cg.membership.objective import Objective
 from dqoes_cg.status import Status
+from lab.pipeline_swarm import STAGES, stage_labels
 from tests.fakeswarm import FakeDqoesd, StubEngine, node_doc, service_doc, status_doc, task_doc
 from tests.swarmca import SwarmCA, swarm_id
 from tests.test_cluster import wait_for
@@ -186,6 +187,16 @@ def cost(stage_s: Any, work_s: Any, replicas: Any) -> float:
 def within(result: Split, paths: list[tuple[int, ...]]) -> bool:
     return all(sum(result.stage_s[i] for i in p) <= result.target_s * (1 + 1e-9)
                for p in paths)
+
+
+def test_the_lab_pipelines_labels_declare_it() -> None:
+    """The five stages the Swarm test creates (a stage with a dqoes.metric of its own, and no
+    target, was refused: its labels name no objective)."""
+    pipelines, refused = declared(services(stage_labels(STAGES, "20s")))
+    assert refused == []
+    (video,) = pipelines
+    assert [s.name for s in video.stages] == list(STAGES)
+    assert (video.target_s, video.metric) == (20.0, "mean")
 
 
 def test_a_chain_is_split_as_the_square_root_of_work_times_replicas() -> None:

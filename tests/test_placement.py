@@ -150,7 +150,12 @@ def test_no_move_where_nothing_would_be_gained() -> None:
     assert settle(Placement(PARAMS), [*crowded(), *full_b], 200.0) == []
     # A need no single node can serve (1 CPU) stays where it is.
     hopeless = [task("h", "a", 1.6, "B"), task("x", "a", 0.3, "S")]
-    assert settle(Placement(PARAMS), hopeless, 200.0) == []
+    placement = Placement(PARAMS)
+    assert settle(placement, hopeless, 200.0) == []
+    # and says why, once it has been stuck for the settle time
+    assert placement.plan(view(205.0, hopeless)).unmoved == {"h-task": (
+        "no node has room for its need of 1.60 CPUs with 10% to spare, or would hold more in "
+        "S with it")}
 
 
 def test_the_destination_is_the_one_left_with_the_most_room() -> None:

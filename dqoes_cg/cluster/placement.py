@@ -142,6 +142,8 @@ class Plan:
     settled: list[str] = field(default_factory=list)  # services whose move is done (or
     #                                                    given up): give them back their
     #                                                    own placement
+    unmoved: dict[str, str] = field(default_factory=dict)  # task id: why a task stuck past
+    #                                                        the settle time does not move
 
     def __bool__(self) -> bool:
         return bool(self.moves or self.pause or self.resume or self.settled)
@@ -275,8 +277,8 @@ class Placement:
         self._nodes: dict[str, _NodeState] = {}  # by name, for the nodes of the view
         self._expected: float | None = None  # the expected need the states were made with
         self._generation = 0  # moves on whenever a node's state is made again or dropped
-        self._fruitless: dict[str, tuple[int, frozenset[str]]] = {}  # task id: generation
-        #                                 and busy nodes at which it found no destination
+        self._fruitless: dict[str, tuple[tuple[int, frozenset[str]], str]] = {}  # task id:
+        #               the generation and busy nodes at which it found no destination, why
         self._stuck_since: dict[str, float] = {}  # task id
         self._free_since: dict[str, float] = {}  # task id: out of stuck since, for a while
         self._roomy_since: dict[str, float] = {}  # paused node name
@@ -308,7 +310,8 @@ class Placement:
             if view.now - self._stuck_since[task.id] < p.settle_s or task.node in busy:
                 continue
             move = self._destination(task, view, nodes, services, busy)
-            if move is None:
+            if isinstance(move, str):
+                plan.unmoved[task.id] = move
                 continue
             plan.moves.append(move)
             self._flights[move.service] = _Flight(move, view.now)
@@ -471,18 +474,24 @@ class Placement:
         return stuck
 
     def _destination(self, task: TaskView, view: ClusterView, nodes: dict[str, NodeView],
-                     services: dict[str, ServiceView], busy: set[str]) -> Move | None:
+                     services: dict[str, ServiceView], busy: set[str]) -> Move | str:
+        """Where the task's service moves from its node, or why it does not."""
         p = self.params
         service = services.get(task.service)
-        if (service is None or service.replicas is None or service.updating
-                or service.running < service.replicas or task.service in self._flights
-                or view.now - self._moved_at.get(task.service, -math.inf) < p.hold_s):
-            return None
+        if service is None or service.replicas is None:
+            return "not a replicated service with a start-first update"
+        if service.updating or service.running < service.replicas:
+            return "its service is updating or runs fewer tasks than it asks for"
+        if task.service in self._flights:
+            return "its service is moving"
+        if view.now - self._moved_at.get(task.service, -math.inf) < p.hold_s:
+            return "its service moved within the hold time"
         # What follows depends on the nodes' states and the busy ones alone (a node moved
         # to or from this tick is busy, so never looked at).
         tried = (self._generation, frozenset(busy))
-        if self._fruitless.get(task.id) == tried:
-            return None
+        fruitless = self._fruitless.get(task.id)
+        if fruitless is not None and fruitless[0] == tried:
+            return fruitless[1]
         keys = self._placed.get((task.service, task.node), set())
         source = self._nodes[task.node]
         movers = [ld for ld in source.loads if ld.key in keys]
@@ -507,8 +516,11 @@ class Placement:
             if best is None or left > best[0]:
                 best = (left, node.name)
         if best is None:
-            self._fruitless[task.id] = tried
-            return None
+            need = sum(m.need for m in movers)
+            why = (f"no node has room for its need of {need:.2f} CPUs with {p.margin:.0%} "
+                   "to spare, or would hold more in S with it")
+            self._fruitless[task.id] = tried, why
+            return why
         return Move(task.service, task.node, best[1], sum(m.need for m in movers), best[0])
 
     def _land(self, view: ClusterView, services: dict[str, ServiceView], plan: Plan) -> None:

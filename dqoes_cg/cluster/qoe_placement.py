@@ -76,11 +76,13 @@ class QoEPlacement:
     def __init__(self, params: decision.PlacementParams | None = None) -> None:
         self.decision = decision.Placement(params)
         self._views = DecisionViews()
+        self._unmoved: dict[str, str] = {}  # task id: why it does not move, as last logged
 
     def tick(self, view: ClusterView, now: float, actions: Actions) -> None:
         before = self.decision.stuck_since
         plan = self.decision.plan(self._views.of(view, now))
         self._log_stuck(view, before, now)
+        self._log_unmoved(view, plan.unmoved)
         for move in plan.moves:
             log.info("placement: service %s: its tasks on node %s move to node %s (need "
                      "%.2f CPUs, %.2f left there)", move.service, move.source,
@@ -105,11 +107,7 @@ class QoEPlacement:
         and on what, can be read from the log."""
         after = self.decision.stuck_since
         for task_id in sorted(after.keys() ^ before.keys()):
-            # Among its node's tasks: a pass over all of them only for one the decision
-            # no longer has (not reported, or gone)
-            task = next((t for t in view.task_groups().get(
-                self.decision.node_of(task_id) or "", ()) if t.id == task_id), None) \
-                or view.task(task_id)
+            task = self._task(view, task_id)
             if task is None:  # gone from the view
                 continue
             if task_id in after:
@@ -121,6 +119,24 @@ class QoEPlacement:
                 log.info("placement: task %s of service %s on node %s no longer stuck after "
                          "%.0f s (class %s)", task.id[:12], task.service, task.node,
                          now - before[task_id], task.cls)
+
+
+    def _log_unmoved(self, view: ClusterView, unmoved: dict[str, str]) -> None:
+        """A line when a task stuck past the settle time does not move, and when why
+        changes: a task can be stuck for good (its need fits no node), and say so."""
+        for task_id, why in unmoved.items():
+            task = self._task(view, task_id) if self._unmoved.get(task_id) != why else None
+            if task is not None:
+                log.info("placement: task %s of service %s on node %s stuck, not moved: %s",
+                         task.id[:12], task.service, task.node, why)
+        self._unmoved = dict(unmoved)
+
+    def _task(self, view: ClusterView, task_id: str) -> TaskView | None:
+        """The task of that ID in the view, None: gone. Among its node's tasks: a pass over
+        all of them only for one the decision no longer has (not reported, or gone)."""
+        return next((t for t in view.task_groups().get(
+            self.decision.node_of(task_id) or "", ()) if t.id == task_id), None) \
+            or view.task(task_id)
 
 
 def _ms(seconds: float | None) -> str:

@@ -8,9 +8,11 @@ the control share, and each proxy waits for its own line and replays it on the h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -93,7 +95,7 @@ class GuestTestFailure(Exception):
 class GuestProxy(pytest.Item):
     """Stands for one kernel test (same node id) and replays its result from the guest."""
 
-    def __init__(self, *, original: pytest.Item, runner: GuestRunner, **kwargs: Any) -> None:
+    def __init__(self, *, original: pytest.Item, runner: Runner, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.runner = runner
         self._location = original.reportinfo()
@@ -137,7 +139,8 @@ class GuestRunner:
     def __init__(self, rootdir: Path, nodeids: list[str], config: GuestConfig | None = None,
                  prepare: Callable[[], dict[str, str]] | None = None) -> None:
         self._rootdir = rootdir
-        self._nodeids = nodeids
+        self.nodeids = tuple(nodeids)  # the tests it runs
+        self._to_run = list(nodeids)  # what the guest runs (after a reboot, the rest)
         self._config = config or GuestConfig()
         self._prepare = prepare
         self._prepared: dict[str, str] | None = None
@@ -183,8 +186,20 @@ class GuestRunner:
             if self._exit_code is None:
                 time.sleep(POLL_INTERVAL)
 
+    def boot(self) -> None:
+        """Boots the guest now rather than when a result is first asked for."""
+        if self._guest is None and self._failure is None:
+            self._start()
+
+    def reported_all(self) -> bool:
+        """Whether its guest has reported every one of its tests, without waiting."""
+        if self._guest is None:
+            return False
+        self._read_results()
+        return not self._unreported()
+
     def _unreported(self) -> list[str]:
-        return [n for n in self._nodeids if n not in self._reported]
+        return [n for n in self._to_run if n not in self._reported]
 
     def _reboot(self, e: GuestStopped) -> None:
         """Once per session, a guest that stopped as a whole (the emulator, not a test: a
@@ -198,7 +213,7 @@ class GuestRunner:
             stacklevel=1)
         self.close()
         self._rebooted = True
-        self._nodeids = left
+        self._to_run = left
         self._start()
 
     def close(self) -> None:
@@ -218,7 +233,7 @@ class GuestRunner:
         env = {k: v for k, v in os.environ.items() if k != FORCE_ENV} | self._prepared
         env[RESULTS_ENV] = str(results)
         argv = [sys.executable, "-m", "pytest", "-q", "--color=no", "-p", "no:cacheprovider",
-                *self._nodeids]
+                *self._to_run]
         timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
         self._guest.start(argv, cwd=self._rootdir, env=env, run_timeout=timeout)
 
@@ -243,16 +258,70 @@ class GuestRunner:
         return "\n".join(tails)
 
 
-def route_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
-    """Apply the route to the selected kernel items, in place. The route, or None if no
-    kernel test was selected."""
+CHAIN_POLL_S = 2.0  # how often a chain looks whether its current guest is done
+
+
+class GuestChain:
+    """Guest runs one after the other, as one runner: the first boots when one of its tests is
+    asked for, each next one as soon as the one before has reported all its tests (the host's
+    pytest may be waiting on another guest meanwhile), or else when one of its own is asked
+    for, the one before closed first. Two guests of a chain never run at once (beside another
+    guest they would share the same CPUs), and each is sized for its own tests."""
+
+    def __init__(self, runners: list[GuestRunner]) -> None:
+        self._runners = runners
+        self._owner = {nodeid: i for i, r in enumerate(runners) for nodeid in r.nodeids}
+        self._lock = threading.Lock()  # one caller of the runners at a time
+        self._current = 0  # the runner whose guest may run: those before it are closed
+        self._closed = threading.Event()
+        threading.Thread(target=self._follow, name="guest-chain", daemon=True).start()
+
+    def result(self, nodeid: str) -> dict[str, Any]:
+        """As GuestRunner.result."""
+        with self._lock:
+            self._move_to(self._owner[nodeid])
+            return self._runners[self._owner[nodeid]].result(nodeid)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            for runner in self._runners:
+                runner.close()
+
+    def _move_to(self, i: int) -> None:
+        """(Under the lock.) Closes the runners before the i-th, if not done yet."""
+        for runner in self._runners[self._current:i]:
+            runner.close()
+        self._current = max(self._current, i)
+
+    def _follow(self) -> None:
+        """Boots the next guest once the current one has reported all its tests. Lives until
+        the chain is closed: a guest dies with the thread that started it (vm.py's
+        PR_SET_PDEATHSIG is a thread's)."""
+        while not self._closed.wait(CHAIN_POLL_S):
+            with self._lock:
+                if self._current + 1 < len(self._runners) \
+                        and self._runners[self._current].reported_all():
+                    self._move_to(self._current + 1)
+                    # A failed boot is raised again to the test that asks for a result.
+                    with contextlib.suppress(GuestError):
+                        self._runners[self._current].boot()
+
+
+Runner = GuestRunner | GuestChain
+
+
+def route_items(config: pytest.Config, items: list[pytest.Item],
+                runner: Callable[[list[str]], Runner] | None = None) -> Route | None:
+    """Apply the route to the selected kernel items, in place (into a guest run made by
+    `runner`, default the plain guest). The route, or None if no kernel test was selected."""
     return route_marked(config, items, "kernel", choose_route,
-                        lambda nodeids: GuestRunner(config.rootpath, nodeids))
+                        runner or (lambda nodeids: GuestRunner(config.rootpath, nodeids)))
 
 
 def route_marked(config: pytest.Config, items: list[pytest.Item], marker: str,
                  choose: Callable[[], Route],
-                 runner: Callable[[list[str]], GuestRunner]) -> Route | None:
+                 runner: Callable[[list[str]], Runner]) -> Route | None:
     """Route the selected items that carry `marker` (in place) as `choose` says, into one
     guest run made by `runner` if they go to a guest. The route, or None if none was
     selected."""
@@ -265,7 +334,7 @@ def route_marked(config: pytest.Config, items: list[pytest.Item], marker: str,
 
 
 def apply_route(config: pytest.Config, items: list[pytest.Item], routed: list[pytest.Item],
-                route: Route, runner: Callable[[list[str]], GuestRunner]) -> None:
+                route: Route, runner: Callable[[list[str]], Runner]) -> None:
     """Skip the `routed` items, or replace them in `items` by proxies of one guest run
     (made by `runner` from their node ids), as `route` says."""
     if route.where == "skip":
