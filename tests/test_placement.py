@@ -154,8 +154,8 @@ def test_no_move_where_nothing_would_be_gained() -> None:
     assert settle(placement, hopeless, 200.0) == []
     # and says why, once it has been stuck for the settle time
     assert placement.plan(view(205.0, hopeless)).unmoved == {"h-task": (
-        "no node has room for its need of 1.60 CPUs with 10% to spare, or would hold more in "
-        "S with it")}
+        "no node has room for its need with 10% to spare, or would hold more in S with it")}
+    assert placement.need_of("h-task") == pytest.approx(1.6)
 
 
 def test_the_destination_is_the_one_left_with_the_most_room() -> None:

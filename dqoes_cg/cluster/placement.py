@@ -412,8 +412,7 @@ class Placement:
             insort(self._sorted_needs, log_need)
 
     def _need(self, task: TaskView) -> float | None:
-        x = self._log_need.get(task.id)
-        return None if x is None else math.exp(x)
+        return self.need_of(task.id)
 
     def expected_need(self) -> float | None:
         """The need of a task not measured yet: the median of the known ones."""
@@ -516,9 +515,9 @@ class Placement:
             if best is None or left > best[0]:
                 best = (left, node.name)
         if best is None:
-            need = sum(m.need for m in movers)
-            why = (f"no node has room for its need of {need:.2f} CPUs with {p.margin:.0%} "
-                   "to spare, or would hold more in S with it")
+            # No figure in it: the need moves a little every tick, why it does not move not.
+            why = (f"no node has room for its need with {p.margin:.0%} to spare, or would "
+                   "hold more in S with it")
             self._fruitless[task.id] = tried, why
             return why
         return Move(task.service, task.node, best[1], sum(m.need for m in movers), best[0])
@@ -538,6 +537,11 @@ class Placement:
             if done or view.now - flight.since > self.params.move_timeout_s:
                 plan.settled.append(name)
                 del self._flights[name]
+
+    def need_of(self, task_id: str) -> float | None:
+        """That task's smoothed need (CPUs; None: not known)."""
+        x = self._log_need.get(task_id)
+        return None if x is None else math.exp(x)
 
     def node_of(self, task_id: str) -> str | None:
         """The node of that task in the last view (None: not in it)."""

@@ -123,12 +123,15 @@ class QoEPlacement:
 
     def _log_unmoved(self, view: ClusterView, unmoved: dict[str, str]) -> None:
         """A line when a task stuck past the settle time does not move, and when why
-        changes: a task can be stuck for good (its need fits no node), and say so."""
+        changes (not when its need, which the line shows, moves): a task can be stuck for
+        good (its need fits no node), and say so."""
         for task_id, why in unmoved.items():
             task = self._task(view, task_id) if self._unmoved.get(task_id) != why else None
             if task is not None:
-                log.info("placement: task %s of service %s on node %s stuck, not moved: %s",
-                         task.id[:12], task.service, task.node, why)
+                need = self.decision.need_of(task_id)
+                log.info("placement: task %s of service %s on node %s stuck (need %s), not "
+                         "moved: %s", task.id[:12], task.service, task.node,
+                         "unknown" if need is None else f"{need:.2f} CPUs", why)
         self._unmoved = dict(unmoved)
 
     def _task(self, view: ClusterView, task_id: str) -> TaskView | None:

@@ -278,9 +278,10 @@ class GuestChain:
 
     def result(self, nodeid: str) -> dict[str, Any]:
         """As GuestRunner.result."""
+        i = self._owner[nodeid]
         with self._lock:
-            self._move_to(self._owner[nodeid])
-            return self._runners[self._owner[nodeid]].result(nodeid)
+            self._move_to(i)
+            return self._runners[i].result(nodeid)
 
     def close(self) -> None:
         self._closed.set()
