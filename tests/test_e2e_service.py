@@ -3,7 +3,8 @@ the test guest), controlling real inference containers under Docker with the cgr
 the systemd cgroup drivers and a `systemd-run --scope` unit, each recording its latency into
 the ring mounted as the README says, with targets set by name with dqoesctl.
 
-The tests run in order, as one story: start; CPU moves so that the targets are met (first
+The tests run in order, as one story: start; a service that exports a Prometheus histogram,
+in a network namespace of its own, is measured by it; CPU moves so that the targets are met (first
 with Docker's cgroupfs driver, then its systemd driver, a scope throughout); a daemon-reload
 leaves the limits in force; the watchdog restarts a hung loop; a stop gives the limits back;
 uninstall removes it all.
@@ -22,6 +23,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from dqoes_cg.ctl import format_status
+from dqoes_cg.status import ContainerStatus
 from lab.guest.e2e import (
     CGROUP,
     DOCKER,
@@ -41,6 +44,7 @@ from lab.guest.e2e import (
     dqoesctl,
     start_scope,
 )
+from lab.metrics_service import LATENCY
 from lab.shell import sh, wait_for
 
 pytestmark = pytest.mark.guest_systemd
@@ -52,6 +56,7 @@ OPTIONS = (f"--sample-interval 0.5 --interval 2 --max-interval 4 --beta 0.5 "
            f"--metrics-listen {METRICS_PORT}")
 WATCHDOG_S = 10
 TIGHT, LOOSE, SCOPE = "infer-tight", "infer-loose", "infer-scope.scope"
+METRICS_SCOPE = "metrics-service.scope"
 CONVERGE_S = 240
 EVEN_SHARE = 2 / 3  # CPUs, of three busy servers on two CPUs
 
@@ -92,7 +97,7 @@ def _stop_servers() -> None:
 @pytest.fixture(scope="module")
 def scope(service: Service, built: Artifacts, units: int) -> Iterator[Path]:
     """A server in a scope unit of its own, with a target set once it runs; its cgroup."""
-    proc = start_scope(SCOPE, built.infer, units)
+    proc = start_scope(SCOPE, [str(built.infer), str(units)])
     try:
         cgroup = wait_for(lambda: (CGROUP / "system.slice" / SCOPE / "cpu.max").exists()
                           and CGROUP / "system.slice" / SCOPE, 60, "the scope's cgroup")
@@ -137,6 +142,32 @@ def test_the_service_starts_ready_and_answers(service: Service) -> None:
     assert state["WatchdogUSec"] == f"{WATCHDOG_S}s"
     assert "budget 2 CPUs" in dqoesctl("status")
     assert oct(Path("/var/lib/dqoes").stat().st_mode & 0o777) == "0o700"
+
+
+def test_the_service_scrapes_a_histogram_in_a_network_namespace_of_its_own(
+        service: Service) -> None:
+    # The sandbox the unit puts dqoesd in must let it into a container's network namespace
+    # (its /proc entry, then setns): a scrape failed there with "Permission denied" while it
+    # passed with dqoesd started by hand (test_scrape_kernel.py).
+    proc = start_scope(METRICS_SCOPE, [sys.executable, "-m", "lab.metrics_service",
+                                       "--port", "8000", "--model", "micro",
+                                       "--rate", "2", "--own-netns"])
+    try:
+        wait_for(lambda: (CGROUP / "system.slice" / METRICS_SCOPE / "cpu.max").exists(), 60,
+                 "the scope's cgroup")
+        dqoesctl("set-target", METRICS_SCOPE, "10s", "--metric", "mean",
+                 "--metrics", ":8000/metrics", "--histogram", LATENCY)
+
+        def measured() -> ContainerStatus | None:
+            row = service.containers().get(METRICS_SCOPE)
+            return row if row is not None and row.samples > 0 else None
+
+        row = wait_for(measured, 120, "a window of scraped latencies", lambda: _explain(service))
+        assert row.scrape_error is None and row.measured_s is not None, _explain(service)
+    finally:
+        dqoesctl("unset-target", METRICS_SCOPE)
+        proc.kill()
+        proc.wait()
 
 
 def test_cgroupfs_containers_and_a_scope_get_limits_that_meet_targets(

@@ -191,12 +191,12 @@ def cgroup_of(pid: int) -> Path:
     return resolve(str(pid), CGROUP).path
 
 
-def start_scope(unit: str, infer: Path, units: int) -> subprocess.Popen[bytes]:
-    """The server in a transient scope unit of its own, recording into the ring of the
-    target named after the unit."""
-    env = {**os.environ, "DQOES_RING": f"{RUN_DIR}/rings/{unit}/ring"}
+def start_scope(unit: str, command: list[str]) -> subprocess.Popen[bytes]:
+    """`command` in a transient scope unit of its own, recording into the ring of the
+    target named after the unit (if it has a ring), able to import lab."""
+    env = {**os.environ, "DQOES_RING": f"{RUN_DIR}/rings/{unit}/ring", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(["systemd-run", "--quiet", "--scope", f"--unit={unit}",
-                             "--property=CPUAccounting=yes", str(infer), str(units)],
+                             "--property=CPUAccounting=yes", *command],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
