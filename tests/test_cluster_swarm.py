@@ -267,12 +267,19 @@ def test_three_nodes_measure_a_service_lose_a_node_and_move_a_task_stuck_in_b(
                                  f"dqoes.target={work / NEED_CPUS * 1e3:.0f}ms")
 
         fewer: list[str] = []  # each view in which a crowd service ran no task, and its tasks
+        history: list[str] = []  # Swarm's own account of its tasks when that was first seen
 
         def both_in_s_apart(doc: dict[str, Any]) -> bool:
+            short = [s["name"] for s in doc["services"]
+                     if s["name"] in CROWD and s["running"] < 1]
             fewer.extend(
-                f"{time.monotonic() - targets_set:.0f} s: {s['name']} "
-                f"{[(t['node'], t['state']) for t in doc['tasks'] if t['service'] == s['name']]}"
-                for s in doc["services"] if s["name"] in CROWD and s["running"] < 1)
+                f"{time.monotonic() - targets_set:.0f} s: {name} "
+                f"{[(t['node'], t['state']) for t in doc['tasks'] if t['service'] == name]}"
+                for name in short)
+            if short and not history:
+                history.append(swarm.docker(
+                    "service", "ps", "--no-trunc", "--format", "{{.Name}} {{.Node}} desired "
+                    "{{.DesiredState}}, {{.CurrentState}} {{.Error}}", *short))
             tasks = _crowd(doc)
             return bool(tasks) and sorted(t["node"] == "node1" for t in tasks.values()) == [
                 False, True] and all(t["class"] == "S" for t in tasks.values())
@@ -290,7 +297,7 @@ def test_three_nodes_measure_a_service_lose_a_node_and_move_a_task_stuck_in_b(
               "its measure: " + str([(t["service"], t["node"], t["measured_s"], t["target_s"])
                                      for t in _crowd(doc).values()]))
         log = daemons.log("manager").read_text()
-        assert not fewer, f"fewer running replicas than asked: {fewer}\n" + "\n".join(
+        assert not fewer, f"fewer running replicas than asked: {fewer}\n{history}\n" + "\n".join(
             line for line in log.splitlines() if "placement:" in line)
         moves = [line for line in log.splitlines() if "placement: service" in line
                  and " move to node " in line]
