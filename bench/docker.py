@@ -28,6 +28,7 @@ import numpy as np
 from bench.timing import NotMeasured, Row, Stats, measure
 from dqoes_cg.cgtable import DEFAULT_PERIOD_USEC, MAX_QUOTA, CgroupTable
 from lab.guest.e2e import DOCKER, Docker, cgroup_of
+from lab.images import BUSYBOX
 
 PART = "docker"
 STATS = "docker stats --no-stream (one call for all N)"
@@ -38,7 +39,6 @@ APPLY = "C, one call for all (CgroupTable.apply)"
 DRIVERS = ("cgroupfs", "systemd")
 IMAGE = "dqoes-bench-idle:latest"
 NAME = "dqoes-bench-{}"
-BUSYBOX = Path("/bin/busybox")  # static (busybox-static), as the guest's initramfs uses
 CPUS = ("0.5", "0.6")  # every update changes the limit
 UPDATE_EACH_TIMED = 10
 QUOTAS_USEC = (50_000, 60_000)

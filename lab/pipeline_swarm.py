@@ -18,17 +18,16 @@ each stage looks its next stage's name up at every request and picks one of its 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lab.guest.e2e import VOLUME
+from lab.images import BUSYBOX_FILES, PYTHON_IMAGE, PYTHON_LINKS, python_run
 from lab.shell import wait_for
-from lab.swarm import BUSYBOX, Swarm
-from lab.swarm_cluster import CONVERGE_S, REPO
+from lab.swarm import Swarm
+from lab.swarm_cluster import CONVERGE_S
 
-PYTHON_IMAGE = "lab/python:1"
 NETWORK = "dqoes-pipeline"
 PIPELINE = "video"
 STAGES = ("framer", "detector", "analyzer", "recognizer", "uploader")  # Darly's, as a chain
@@ -54,21 +53,15 @@ class PipelineFlow:
         self.swarm = swarm
         self.stages = tuple(stages)
         self.model = model
-        swarm.import_image(PYTHON_IMAGE, {"busybox": BUSYBOX},
-                           {"lib": "usr/lib", "lib64": "usr/lib64", "bin": "usr/bin"})
+        swarm.import_image(PYTHON_IMAGE, BUSYBOX_FILES, PYTHON_LINKS)
         swarm.docker("network", "create", "--driver", "overlay", NETWORK)
 
     def _python(self, module: str, *args: str, options: Sequence[str] = ()) -> tuple[
             list[str], list[str]]:
         """The service options and command that run `python -m module args` in a task."""
-        prefix = Path(sys.base_prefix)
-        mounts = [f"type=bind,src={path},dst={path},readonly"
-                  for path in sorted({Path("/usr"), prefix, REPO})]
-        opts = [*(flag for m in mounts for flag in ("--mount", m)),
-                "--env", f"PYTHONPATH={REPO}", "--env", "PYTHONDONTWRITEBYTECODE=1",
-                "--env", "PYTHONUNBUFFERED=1", "--network", NETWORK,
-                "--endpoint-mode", "dnsrr", "--stop-grace-period", "0s", *options]
-        return opts, [str(prefix / "bin" / "python3"), "-m", module, *args]
+        opts, command = python_run(module, *args)
+        return [*opts, "--network", NETWORK, "--endpoint-mode", "dnsrr",
+                "--stop-grace-period", "0s", *options], command
 
     def create_stages(self, target: str, options: Sequence[str] = ()) -> None:
         """The stages as services of one replica each, a chain, the first with the

@@ -77,7 +77,6 @@ ETC_NETNS = Path("/etc/netns")
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "lab-swarm"
 CONTROLLERS = "+cpuset +cpu +io +memory +pids"
-BUSYBOX = Path("/bin/busybox")  # static: an image of it alone runs anywhere
 BUSYBOX_IMAGE = "lab/busybox:1"  # the tag of that image, busybox at /busybox
 # The process that holds a node's namespaces (sh -c SCRIPT NAME), in its network namespace
 # and a UTS namespace of its own: the node's hostname, and cgroup2 mounted again on the

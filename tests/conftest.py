@@ -15,7 +15,8 @@ from lab.guest.report import RESULTS_ENV, ResultWriter, TimeLimit
 from lab.guest.routing import Route, route_items
 from lab.guest.swarm_guest import kernel_guest_runner, route_swarm_items
 from lab.guest.systemd_guest import route_systemd_items
-from lab.swarm import BUSYBOX, BUSYBOX_IMAGE, THREE_NODES, Swarm
+from lab.images import BUSYBOX
+from lab.swarm import BUSYBOX_IMAGE, THREE_NODES, Swarm
 
 _route_key = pytest.StashKey[Route | None]()
 _systemd_route_key = pytest.StashKey[Route | None]()

@@ -3,9 +3,10 @@ the test guest), controlling real inference containers under Docker with the cgr
 the systemd cgroup drivers and a `systemd-run --scope` unit, each recording its latency into
 the ring mounted as the README says, with targets set by name with dqoesctl.
 
-The tests run in order, as one story: start; a service that exports a Prometheus histogram,
-in a network namespace of its own, is measured by it; CPU moves so that the targets are met (first
-with Docker's cgroupfs driver, then its systemd driver, a scope throughout); a daemon-reload
+The tests run in order, as one story: start; an unmodified service that exports a Prometheus
+histogram is found by its labels, scraped and held to its target; CPU moves so that the
+targets are met (first with Docker's cgroupfs driver, then its systemd driver, a scope
+throughout); a daemon-reload
 leaves the limits in force; the watchdog restarts a hung loop; a stop gives the limits back;
 uninstall removes it all.
 
@@ -23,7 +24,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +44,7 @@ from lab.guest.e2e import (
     dqoesctl,
     start_scope,
 )
+from lab.images import PYTHON_IMAGE, python_run
 from lab.metrics_service import LATENCY
 from lab.shell import sh, wait_for
 
@@ -56,7 +57,7 @@ OPTIONS = (f"--sample-interval 0.5 --interval 2 --max-interval 4 --beta 0.5 "
            f"--metrics-listen {METRICS_PORT}")
 WATCHDOG_S = 10
 TIGHT, LOOSE, SCOPE = "infer-tight", "infer-loose", "infer-scope.scope"
-METRICS_SCOPE = "metrics-service.scope"
+METRICS_SERVICE = "metrics-service"
 CONVERGE_S = 240
 EVEN_SHARE = 2 / 3  # CPUs, of three busy servers on two CPUs
 
@@ -97,7 +98,7 @@ def _stop_servers() -> None:
 @pytest.fixture(scope="module")
 def scope(service: Service, built: Artifacts, units: int) -> Iterator[Path]:
     """A server in a scope unit of its own, with a target set once it runs; its cgroup."""
-    proc = start_scope(SCOPE, [str(built.infer), str(units)])
+    proc = start_scope(SCOPE, built.infer, units)
     try:
         cgroup = wait_for(lambda: (CGROUP / "system.slice" / SCOPE / "cpu.max").exists()
                           and CGROUP / "system.slice" / SCOPE, 60, "the scope's cgroup")
@@ -144,30 +145,35 @@ def test_the_service_starts_ready_and_answers(service: Service) -> None:
     assert oct(Path("/var/lib/dqoes").stat().st_mode & 0o777) == "0o700"
 
 
-def test_the_service_scrapes_a_histogram_in_a_network_namespace_of_its_own(
-        service: Service) -> None:
-    # The sandbox the unit puts dqoesd in must let it into a container's network namespace
-    # (its /proc entry, then setns): a scrape failed there with "Permission denied" while it
-    # passed with dqoesd started by hand (test_scrape_kernel.py).
-    proc = start_scope(METRICS_SCOPE, [sys.executable, "-m", "lab.metrics_service",
-                                       "--port", "8000", "--model", "micro",
-                                       "--rate", "2", "--own-netns"])
+def test_an_unmodified_service_is_found_by_its_labels_scraped_and_held_to_its_target(
+        service: Service, docker: Docker) -> None:
+    # A Python service that knows nothing of dqoes-cg (prometheus_client's histogram and
+    # HTTP server, its requests arriving at random) in a container with no network but its
+    # own loopback: the installed unit must enter that namespace (its /proc entry, then
+    # setns) to scrape it. A scrape failed there with "Permission denied" while it passed
+    # with dqoesd started by hand (test_scrape_kernel.py).
+    docker.import_python_image()
+    options, command = python_run("lab.metrics_service", "--port", "8000", "--model", "micro",
+                                  "--rate", "4")
+    labels = {"dqoes.target": "1s", "dqoes.metric": "mean", "dqoes.metrics": ":8000/metrics",
+              "dqoes.histogram": LATENCY}
+    sh(DOCKER, "run", "-d", "--name", METRICS_SERVICE, "--network", "none", *options,
+       *(a for k, v in labels.items() for a in ("--label", f"{k}={v}")), PYTHON_IMAGE, *command,
+       timeout=300)
     try:
-        wait_for(lambda: (CGROUP / "system.slice" / METRICS_SCOPE / "cpu.max").exists(), 60,
-                 "the scope's cgroup")
-        dqoesctl("set-target", METRICS_SCOPE, "10s", "--metric", "mean",
-                 "--metrics", ":8000/metrics", "--histogram", LATENCY)
+        def held() -> ContainerStatus | None:
+            row = service.containers().get(METRICS_SERVICE)
+            return row if row is not None and row.samples > 0 and row.cls in ("S", "G") \
+                and row.cpu_limit_cores is not None else None
 
-        def measured() -> ContainerStatus | None:
-            row = service.containers().get(METRICS_SCOPE)
-            return row if row is not None and row.samples > 0 else None
-
-        row = wait_for(measured, 120, "a window of scraped latencies", lambda: _explain(service))
-        assert row.scrape_error is None and row.measured_s is not None, _explain(service)
+        row = wait_for(held, CONVERGE_S, "its target met under a limit, from scraped latencies",
+                       lambda: _explain(service))
+        # (Not every scrape answers in time: under a cap of a few hundredths of a CPU the
+        # service's HTTP server renders its metrics slower than a third of a 2 s window, and
+        # that window has no reading; its target is met on the others.)
+        assert row.source == "label" and row.metrics == ":8000/metrics", _explain(service)
     finally:
-        dqoesctl("unset-target", METRICS_SCOPE)
-        proc.kill()
-        proc.wait()
+        sh(DOCKER, "rm", "-f", METRICS_SERVICE, timeout=300)
 
 
 def test_cgroupfs_containers_and_a_scope_get_limits_that_meet_targets(

@@ -20,13 +20,19 @@ from dqoes_cg.cgroup import resolve
 from dqoes_cg.control import request
 from dqoes_cg.paths import RUN_DIR
 from dqoes_cg.status import ContainerStatus, Status
-from lab.images import DOCKER, import_image
+from lab.images import (
+    BUSYBOX,
+    BUSYBOX_FILES,
+    DOCKER,
+    PYTHON_IMAGE,
+    PYTHON_LINKS,
+    import_image,
+)
 from lab.shell import sh
 
 from .systemd_guest import ARTIFACTS_ENV, REPO, build_infer
 
 IMAGE = "dqoes-infer:e2e"
-BUSYBOX = "/bin/busybox"  # static (busybox-static): a shell in the image, for the tests
 APPLETS = ("sh", "ls", "cat", "dd", "df", "tail", "sleep", "touch")
 # What a container runs when only its membership matters: a process in its cgroup that
 # takes no CPU (a burst of servers would hold an emulated CPU for minutes).
@@ -121,8 +127,12 @@ class Docker:
     def import_image(self, infer: Path) -> None:
         """An image holding the static server and a static busybox (no registry is
         reachable)."""
-        import_image([DOCKER], IMAGE, {"infer": infer, "bin/busybox": Path(BUSYBOX)},
+        import_image([DOCKER], IMAGE, {"infer": infer, "bin/busybox": BUSYBOX},
                      {f"bin/{applet}": "busybox" for applet in APPLETS})
+
+    def import_python_image(self) -> None:
+        """PYTHON_IMAGE, in which python_run runs this host's Python."""
+        import_image([DOCKER], PYTHON_IMAGE, BUSYBOX_FILES, PYTHON_LINKS)
 
     def run(self, name: str, units: int) -> str:
         """An inference container with its ring directory mounted as the README says."""
@@ -191,12 +201,12 @@ def cgroup_of(pid: int) -> Path:
     return resolve(str(pid), CGROUP).path
 
 
-def start_scope(unit: str, command: list[str]) -> subprocess.Popen[bytes]:
-    """`command` in a transient scope unit of its own, recording into the ring of the
-    target named after the unit (if it has a ring), able to import lab."""
-    env = {**os.environ, "DQOES_RING": f"{RUN_DIR}/rings/{unit}/ring", "PYTHONPATH": str(REPO)}
+def start_scope(unit: str, infer: Path, units: int) -> subprocess.Popen[bytes]:
+    """The server in a transient scope unit of its own, recording into the ring of the
+    target named after the unit."""
+    env = {**os.environ, "DQOES_RING": f"{RUN_DIR}/rings/{unit}/ring"}
     return subprocess.Popen(["systemd-run", "--quiet", "--scope", f"--unit={unit}",
-                             "--property=CPUAccounting=yes", *command],
+                             "--property=CPUAccounting=yes", str(infer), str(units)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -9,10 +9,11 @@ import io
 import stat
 from pathlib import Path
 
+from lab.images import BUSYBOX
+
 from .kernel import Kernel, atomic_write, cache_dir
 
 GUEST_DIR = Path(__file__).resolve().parent
-BUSYBOX = Path("/bin/busybox")
 
 # What stage1-init needs before it can switch_root: the virtio-mmio transport, the 9p client
 # over virtio, and overlayfs. Their dependencies come from modules.dep.

@@ -96,7 +96,7 @@ class Podman:
 
     def import_image(self, infer: Path) -> None:
         """The static server and a static busybox, as `podman import` of a tar."""
-        tar = image_tar({"infer": infer, "bin/busybox": Path(BUSYBOX)},
+        tar = image_tar({"infer": infer, "bin/busybox": BUSYBOX},
                         {f"bin/{applet}": "busybox" for applet in APPLETS})
         subprocess.run([PODMAN, "import", "-", IMAGE], input=tar, env=self.env, check=True,
                        capture_output=True, timeout=300)

@@ -27,7 +27,15 @@ from lab.cgroups import cgroup2_cpu_mount
 
 from .prereqs import missing_guest_packages
 from .report import RESULTS_ENV
-from .vm import POLL_INTERVAL, FileTail, Guest, GuestConfig, GuestError, GuestStopped
+from .vm import (
+    POLL_INTERVAL,
+    FileTail,
+    Guest,
+    GuestBootTimeout,
+    GuestConfig,
+    GuestError,
+    GuestStopped,
+)
 
 FORCE_ENV = "DQOES_TEST_GUEST"  # "1": always use the guest; "0": never
 TIMEOUT_ENV = "DQOES_GUEST_TIMEOUT"  # seconds for the guest's whole test run
@@ -175,7 +183,8 @@ class GuestRunner:
                 self._exit_code = self._guest.poll()
             except GuestError as e:
                 self._read_results()  # it may have reported this test before it failed
-                if isinstance(e, GuestStopped) and not self._rebooted and self._unreported():
+                if isinstance(e, GuestStopped | GuestBootTimeout) and not self._rebooted \
+                        and self._unreported():
                     self._reboot(e)
                     continue
                 self._failure = str(e).splitlines()[0]
@@ -201,10 +210,10 @@ class GuestRunner:
     def _unreported(self) -> list[str]:
         return [n for n in self._to_run if n not in self._reported]
 
-    def _reboot(self, e: GuestStopped) -> None:
-        """Once per session, a guest that stopped as a whole (the emulator, not a test: a
-        hung test is failed in the guest by report.TimeLimit) is replaced by a new one that
-        runs the tests it had not reported, the one it stopped in first."""
+    def _reboot(self, e: GuestError) -> None:
+        """Once per session, a guest that did not boot or stopped as a whole (the emulator,
+        not a test: a hung test is failed in the guest by report.TimeLimit) is replaced by a
+        new one that runs the tests it had not reported, the one it stopped in first."""
         assert self._guest is not None
         left = self._unreported()
         warnings.warn(GuestRebootWarning(

@@ -50,6 +50,10 @@ class GuestTimeout(GuestError):
     """The guest did not boot, or its job did not finish, in time."""
 
 
+class GuestBootTimeout(GuestTimeout):
+    """The guest did not start its job within GuestConfig.boot_timeout."""
+
+
 class GuestStopped(GuestError):
     """The guest as a whole stopped running its job: no heartbeat for a while."""
 
@@ -243,19 +247,28 @@ class Guest:
             raise self._error(GuestError, f"guest exited (qemu status "
                                           f"{self._qemu.returncode}) while {phase}")
         if self.boot_seconds is None and elapsed > self.config.boot_timeout:
-            raise self._error(GuestTimeout,
-                              f"guest did not boot within {self.config.boot_timeout:.0f} s")
+            raise self._error(GuestBootTimeout,
+                              f"guest did not boot within {self.config.boot_timeout:.0f} s "
+                              f"(the vCPUs' state: {self._vcpus_state('boot.txt')})")
         if self.boot_seconds is not None and self._run_timeout is not None \
                 and elapsed - self.boot_seconds > self._run_timeout:
             raise self._error(GuestTimeout,
                               f"command did not finish within {self._run_timeout:.0f} s")
         silent = self._heartbeat_age()
         if self.boot_seconds is not None and silent > self.config.stopped_after:
-            (self.ctl_dir / "stopped.txt").write_text(
-                f"{qemu_threads(self._qemu.pid)}\n{ask_monitor(self.ctl_dir / MONITOR_SOCKET)}")
+            state = self._vcpus_state("stopped.txt")
             raise self._error(GuestStopped, f"the guest stopped: no heartbeat for {silent:.0f} s"
-                                            f" (the vCPUs' state: {self.ctl_dir / 'stopped.txt'})")
+                                            f" (the vCPUs' state: {state})")
         return None
+
+    def _vcpus_state(self, name: str) -> Path:
+        """qemu's threads and its vCPUs' registers, written to `name` in the control
+        directory (which is then kept); its path."""
+        assert self._qemu is not None
+        path = self.ctl_dir / name
+        path.write_text(f"{qemu_threads(self._qemu.pid)}\n"
+                        f"{ask_monitor(self.ctl_dir / MONITOR_SOCKET)}")
+        return path
 
     def _heartbeat_age(self) -> float:
         """Seconds since the guest last wrote its heartbeat (or started the job)."""
