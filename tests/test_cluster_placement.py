@@ -185,6 +185,32 @@ def test_a_full_node_is_closed_to_new_tasks_and_opened_again_once_it_has_room() 
     assert cluster.updates() == [], "no task moved"
 
 
+def test_a_node_stays_closed_while_a_task_moving_off_it_still_runs_there() -> None:
+    """Swarm stops at once, on any update of an active node, each task there whose service's
+    constraints now exclude the node (its constraint enforcer): node2 opened mid-move would
+    lose the moving task before its start-first replacement runs. (The smoke test's service
+    ran no task for 20 s: "Rejected: assigned node no longer meets constraints".)"""
+    cluster = Crowded()
+    cluster.at(1)
+    ((_, spec),) = cluster.updates("nodes")
+    cluster.swarm_took(cluster.node2, spec)
+    moving = cluster.engine.docs["/services"][0]
+    moving["Spec"]["Labels"][AVOID_LABEL] = cluster.node2
+    moving["Spec"]["TaskTemplate"]["Placement"]["Constraints"] = [f"node.id!={cluster.node2}"]
+    seconds = 3
+    while seconds < 4 * SETTLE_S:  # room again on node2, for long past the settle time
+        cluster.at(seconds, measured_s=1.0)
+        seconds += 5
+    assert cluster.updates("nodes")[1:] == [], "opened while the task moving off it ran there"
+    cluster.swarm_did(moving["ID"], moving["Spec"], cluster.node3)  # its replacement ran
+    left = seconds
+    while not cluster.updates("nodes")[1:] and seconds < left + 4 * SETTLE_S:
+        cluster.at(seconds, measured_s=1.0)
+        seconds += 5
+    ((_, _), (opened, spec)) = cluster.updates("nodes")
+    assert opened == cluster.node2 and spec["Availability"] == "active"
+
+
 def test_recommending_the_manager_makes_no_update_shows_what_it_would_and_acts_when_told(
         ) -> None:
     cluster = Crowded(acting=False)

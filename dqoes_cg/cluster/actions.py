@@ -130,7 +130,15 @@ class SwarmActions:
 
     def open_node(self, node_id: str, why: str = "") -> None:
         node = self.view.node(node_id)
-        if node is not None and node.paused_by_placement:
+        if node is None or not node.paused_by_placement:
+            return
+        # On any update of an active node, Swarm (its constraint enforcer) stops at once each
+        # task there whose service's constraints now exclude the node: opened while a task
+        # moves off it, the node would lose that task before its start-first replacement
+        # runs. It opens once the task has gone.
+        services = (self.view.service(t.service_id) for t in self.view.tasks
+                    if t.node_id == node_id)
+        if not any(node_id in self._avoided(s) for s in services if s is not None):
             self.paused[node_id] = (False, why)
 
     def updates(self) -> list[Update]:

@@ -54,7 +54,8 @@ Actions (what a placement may ask; each is a Swarm service or node update, see a
   marked as the manager's); its tasks run on. Refused for a node that is not active, or
   when no other active ready node would be left.
 - `open_node(node_id)`: a node the manager paused is active again (a node an operator
-  paused or drained is left alone).
+  paused or drained is left alone), once no task moving off it runs there: Swarm stops
+  such a task at once when its node is updated while active.
 `move_away`, `scale`, `close_node` and `open_node` take a `why` too, shown with the update.
 
 A manager that only recommends (`dqoes-manager --recommend`, `dqoesctl cluster recommend`)
