@@ -36,8 +36,8 @@ lint:
 test: deps lint
 	cd $(ROOT) && $(PYTHON) -m pytest -q -rs
 
-# All the multi-node Swarm tests (their own guest, 48 minutes once on a loaded host). Their
-# smoke test alone: DQOES_SWARM_SMOKE=1 beside any other run (README, Tests).
+# All the multi-node Swarm tests (their own guest, 48 minutes once on a loaded host); `make test`
+# runs their smoke test only (marker swarm_smoke).
 test-swarm: deps
 	cd $(ROOT) && DQOES_SWARM_TESTS=1 $(PYTHON) -m pytest -q -rs -m guest_swarm
 

@@ -4,8 +4,8 @@ target. `dqoesctl cluster status` shows every node and the service's tasks with 
 a target changed on the service reaches every task without recreating any; a manager
 started again has the whole view back; a node whose agent stops or whose dockerd is killed
 is shown unreachable, none of its tasks counted, and comes back; the multi-node smoke test
-(DQOES_SWARM_SMOKE=1 beside any run: a service on every node, a link cut and back, a task
-stuck in B moved to a node that can satisfy it); the cluster experiment's smoke test.
+that `make test` runs too (a service on every node, a link cut and back, a task stuck in B
+moved to a node that can satisfy it); the cluster experiment's smoke test.
 """
 
 from __future__ import annotations

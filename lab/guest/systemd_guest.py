@@ -21,7 +21,7 @@ import pytest
 
 from .initramfs import GUEST_DIR
 from .prereqs import missing_guest_packages
-from .routing import GuestRunner, Route, choose_own_guest_route, route_marked
+from .routing import GuestRunner, Route, Runner, choose_own_guest_route, route_marked
 from .vm import NO_APPARMOR, GuestConfig, InitMode, Share
 
 SYSTEMD_GUEST_ENV = "DQOES_GUEST_SYSTEMD"  # "1" in the systemd guest's test run
@@ -66,13 +66,18 @@ def choose_systemd_route() -> Route:
                                   "they need systemd as PID 1 and Docker's engine")
 
 
-def route_systemd_items(config: pytest.Config, items: list[pytest.Item]) -> Route | None:
-    """Route the selected `guest_systemd` items (in place); None if none was selected."""
-    def runner(nodeids: list[str]) -> GuestRunner:
-        return artifacts_runner(config, nodeids, GuestConfig(init_mode=SYSTEMD_INIT),
-                                build_e2e_artifacts)
+def systemd_runner(config: pytest.Config, nodeids: list[str]) -> GuestRunner:
+    """The systemd guest's run of `nodeids`."""
+    return artifacts_runner(config, nodeids, GuestConfig(init_mode=SYSTEMD_INIT),
+                            build_e2e_artifacts)
 
-    return route_marked(config, items, "guest_systemd", choose_systemd_route, runner)
+
+def route_systemd_items(config: pytest.Config, items: list[pytest.Item],
+                        runner: Callable[[list[str]], Runner] | None = None) -> Route | None:
+    """Route the selected `guest_systemd` items (in place) into one guest run made by
+    `runner` (default: the systemd guest); None if none was selected."""
+    return route_marked(config, items, "guest_systemd", choose_systemd_route,
+                        runner or (lambda nodeids: systemd_runner(config, nodeids)))
 
 
 def artifacts_runner(config: pytest.Config, nodeids: list[str], guest: GuestConfig,
