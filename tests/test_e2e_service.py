@@ -6,9 +6,8 @@ the ring mounted as the README says, with targets set by name with dqoesctl.
 The tests run in order, as one story: start; an unmodified service that exports a Prometheus
 histogram is found by its labels, scraped and held to its target; CPU moves so that the
 targets are met (first with Docker's cgroupfs driver, then its systemd driver, a scope
-throughout); a daemon-reload
-leaves the limits in force; the watchdog restarts a hung loop; a stop gives the limits back;
-uninstall removes it all.
+throughout); a daemon-reload leaves the limits in force; the watchdog restarts a hung loop;
+a stop gives the limits back; uninstall removes it all.
 
 The scenario: three single-threaded servers share two CPUs, so an even share gives each two
 thirds of a CPU, and a request 1.5 times its solo latency. Two targets are loose (6x solo):
