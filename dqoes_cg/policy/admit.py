@@ -19,10 +19,10 @@ window's request rate), and its latency at a cap c follows from a queue (below).
 container is, the window tells by Little's law: rate x latency is the mean number of
 requests in the container, as many as its threads for a back-to-back worker, under
 OPEN_CONCURRENCY only for a service that sat idle; so are one under its cap with idle CPU
-around whose threads were not busy (under THREADS_SPEED of a CPU, or of its cap if less, per
-request in flight: not its threads' limit, its arrivals'; a cap above a worker's threads does
-not bind, and a loaded or emulated CPU gives each thread less than a whole CPU, and less than
-its cap under one), and one whose queue grows
+around whose threads were not busy (running or waiting for a CPU under THREADS_SPEED of a
+CPU, or of its cap if less, per request in flight: not its threads' limit, its arrivals'; a
+cap above a worker's threads does not bind, and a loaded or emulated CPU gives each thread
+less than a whole CPU, and less than its cap under one), and one whose queue grows
 at its cap. Once seen, a container stays an open-loop service
 until it looks back-to-back (at its cap, a whole number of requests in flight, none
 queueing) CLOSED_WINDOWS windows in a row: one window's noise may make a worker look open.
@@ -241,13 +241,13 @@ OVERLOAD = 1.5  # arrivals of a service whose queue grows at its cap: its throug
 ARRIVALS_KEPT = 0.8  # each window's request count counts this much less the next window
 ARRIVALS_Z = 2.0  # a base's arrival rate: this many standard errors above the count
 THREADS_TOL = 0.10  # a whole number of requests in flight, within 10%: one per worker thread
-# A back-to-back worker's threads are busy: it uses at least this of a CPU (of its cap, under
-# one) per request in flight (a loaded host's or an emulated CPU gives a thread less than a
-# whole one, and less than its cap: 0.70-0.87 of a cap of 0.49 CPU in the guest). An
-# open-loop service served a request at a time at a busy fraction rho of its server (a CPU,
-# or its cap) has rho + K rho² / (1 - rho) in flight: using THREADS_SPEED of it per request
-# and at least THREADS_SPEED of it would take K <= (1 - THREADS_SPEED)² / THREADS_SPEED² =
-# 0.18, under any K believed.
+# A back-to-back worker's threads are busy: running or waiting for a CPU (its neighbours took
+# it), at least this of a CPU (of its cap, under one) per request in flight (a loaded host's
+# or an emulated CPU gives a thread less than a whole one, and less than its cap: 0.70-0.87
+# of a cap of 0.49 CPU in the guest). An open-loop service served a request at a time at a
+# busy fraction rho of its server (a CPU, or its cap) has rho + K rho² / (1 - rho) in
+# flight: busy THREADS_SPEED of it per request and at least THREADS_SPEED of it would take
+# K <= (1 - THREADS_SPEED)² / THREADS_SPEED² = 0.18, under any K believed.
 THREADS_SPEED = 0.7
 NODE_MIN = 3  # the node's speed is followed from this many containers' work on
 STEADY = 0.10  # ... of those whose usage held within 10% (in logs) of the last window's
@@ -496,7 +496,7 @@ def open_loop_into(obs: Observation, span: float, est: BoolArray, fresh: BoolArr
     np.less(in_flight, OPEN_CONCURRENCY, out=newly)  # NaN compares false
     np.logical_or(newly, growing, out=newly)
     if obs.cpus is not None:  # ... or under its cap with idle CPU, and not for its threads
-        threads_busy_into(s.mask, obs.usage, s.cap, obs.cpus, in_flight, s.z, s.d)
+        threads_busy_into(s.mask, obs.usage, obs.waited, s.cap, obs.cpus, in_flight, s.z, s.d)
         np.logical_not(s.mask, out=s.mask)
         np.logical_and(s.mask, s.under, out=s.mask)
         np.logical_or(newly, s.mask, out=newly)
@@ -546,17 +546,24 @@ def arrivals_into(rate: FloatArray, span: float, seen: BoolArray, mem: Memory,
     np.putmask(mem.arrival_time, s.outlier, span)
 
 
-def threads_busy_into(out: BoolArray, usage: FloatArray, cap: FloatArray, cpus: float,
-                      in_flight: FloatArray, x: FloatArray, y: FloatArray) -> None:
-    """out: the CPUs it used are its threads busy with what is in flight, none queued: at
-    least THREADS_SPEED of what a thread can be served at (one CPU, or its cap if less) per
-    request in flight. Not its cap but its threads held it back, however much of a CPU
-    each was given. Uses x and y."""
+def threads_busy_into(out: BoolArray, usage: FloatArray, waited: FloatArray | None,
+                      cap: FloatArray, cpus: float, in_flight: FloatArray, x: FloatArray,
+                      y: FloatArray) -> None:
+    """out: the CPUs it used, and those it waited for, are its threads busy with what is in
+    flight, none queued: at least THREADS_SPEED of what a thread can be served at (one CPU,
+    or its cap if less) per request in flight. Not its cap but its threads held it back,
+    however much of a CPU each was given: a thread that waited for a CPU was busy, not idle
+    (a back-to-back worker whose neighbours take the CPUs it may use). Uses x and y."""
     np.minimum(cap, 1.0 / cpus, out=x)
     np.multiply(x, THREADS_SPEED, out=x)
     np.fmax(in_flight, 1.0, out=y)  # NaN (unknown in flight): one
     np.multiply(x, y, out=x)
-    np.greater_equal(usage, x, out=out)
+    if waited is None:
+        np.copyto(y, usage)
+    else:
+        np.fmax(waited, 0.0, out=y)  # NaN (unknown): none; +inf (not read): busy
+        np.add(y, usage, out=y)
+    np.greater_equal(y, x, out=out)
 
 
 def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
@@ -577,7 +584,8 @@ def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
     np.multiply(s.cap, 1.0 - SLACK, out=looks)
     np.greater_equal(obs.usage, looks, out=s.outlier)  # at its cap, or its threads busy
     if obs.cpus is not None:
-        threads_busy_into(s.jump, obs.usage, s.cap, obs.cpus, s.y, looks, s.gain)
+        threads_busy_into(s.jump, obs.usage, obs.waited, s.cap, obs.cpus, s.y, looks,
+                          s.gain)
         np.logical_or(s.outlier, s.jump, out=s.outlier)
     np.logical_and(s.mask, s.outlier, out=s.mask)
     np.greater(s.mask, growing, out=s.mask)  # and not growing
