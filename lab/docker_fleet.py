@@ -142,6 +142,14 @@ class DockerFleet:
             _stop(self.daemon, signal.SIGTERM)
             self.daemon = None
         SPEC_FILE.unlink(missing_ok=True)
+        # A ring volume outlives the daemon by design; one whose container's removal did not
+        # reach the driver in time (a loaded guest) is still mounted here, under the demo's
+        # own directory, which must go: "Device or resource busy" once in a make test.
+        volumes = self.run_dir / VOLUMES_DIR
+        for volume in volumes.iterdir() if volumes.is_dir() else ():
+            if os.path.ismount(volume):
+                subprocess.run(["umount", "--lazy", str(volume)], capture_output=True,
+                               timeout=60)
 
     def _run(self, labels: dict[str, Sequence[str]]) -> None:
         """`docker run` of a container per name with its labels, all at once."""
