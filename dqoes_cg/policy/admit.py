@@ -24,8 +24,10 @@ CPU, or of its cap if less, per request in flight: not its threads' limit, its a
 cap above a worker's threads does not bind, and a loaded or emulated CPU gives each thread
 less than a whole CPU, and less than its cap under one), and one whose queue grows
 at its cap. Once seen, a container stays an open-loop service
-until it looks back-to-back (at its cap, a whole number of requests in flight, none
-queueing) CLOSED_WINDOWS windows in a row: one window's noise may make a worker look open.
+until it looks back-to-back (at its cap, a whole number of requests in flight, at most
+THREADS_MAX of them, none queueing) CLOSED_WINDOWS windows in a row: one window's noise
+may make a worker look open; a queue of hundreds that its cap barely serves is within 10%
+of a whole number too.
 Each window's value (w_i or s_i) is smoothed in logs:
 
     d_i  = log(work_i) - nu - lw_i
@@ -54,7 +56,10 @@ QUEUE_PRIOR until then. The share at which the latency is L is s over the root o
 lambda x² + (1 + lambda L) x - L = 0; with lambda = 0 it is s / L, a back-to-back worker's.
 Where its queue grows at its cap, its own need counts OVERLOAD times the throughput as its
 arrivals (they come faster than it serves them; its base, below, does not), found again once
-its cap serves them.
+its cap serves them. A service draining a queue (past QUEUE_GROWTH[0] in flight, that many
+times fewer than a window ago) completes what had queued as well as its arrivals: that
+window's count is not taken for its arrivals, which would raise its base past its need and
+evict the admitted set while the queue drains.
 
 Where in the band
 -----------------
@@ -69,7 +74,15 @@ the node's from one window to the next:
 (for a back-to-back worker (w_i/o_i) e^mu_i / (1 + alpha) and (w_i/o_i) / √(1 - alpha²)). On a
 quiet host mu is small, and a container admitted at its lean share costs 10% less than at
 the middle: that is what lets the last container in when CPU is scarce. The noisier the
-measurements, the nearer the middle; at a scatter of alpha/2 and more, the middle itself. An
+measurements, the nearer the middle; at a scatter of alpha/2 and more, the middle itself.
+Where many containers are that noisy, the middle costs the last one its place, so a round
+whose margins would reach past REACH[1] of the way plans a second time with every margin
+bound there, nearer the slow edges, where more may fit. Each plan is judged by how many
+containers a window is expected to find in S under its caps: each known one's latency at
+its cap (a queue's at its arrivals for an open-loop service), log-normal with its work's
+scatter and the node's (a queue's amplified near its knee), against its band (a service's
+slow edge alone). The other plan than last round's is taken for REACH_SWITCH more, so that
+the admitted set does not flip on small changes. An
 open-loop service's window latency scatters by tens of percent with its queue's chance
 (fewer the faster it is served), so its spare goes towards its band's fast edge, and
 beyond it what no other admitted container needs (below): faster, it is still in S.
@@ -91,7 +104,8 @@ than (1 - SLACK) of its cap (the budget if unlimited), where the CPU it left was
 for a CPU through at most half of what it left (its tasks' time runnable but not running:
 cpu.pressure, where the loop measures it), has shown the most it can use:
 m_i = r_i (a back-to-back worker's threads; an open-loop service's idle CPU is its
-arrivals', not a maximum). One that uses more than its m_i raises it. Unknown: T_R. The
+arrivals', not a maximum, and one found to be a service forgets what it learned while it
+looked back-to-back). One that uses more than its m_i raises it. Unknown: T_R. The
 pressure tells a worker at its maximum from one that could run more but waited: on a real
 node the scheduler does not always place a task where the idle CPU is (a worker sharing a
 CPU with throttled neighbours), and CPU used outside the containers is not idle.
@@ -241,6 +255,9 @@ OVERLOAD = 1.5  # arrivals of a service whose queue grows at its cap: its throug
 ARRIVALS_KEPT = 0.8  # each window's request count counts this much less the next window
 ARRIVALS_Z = 2.0  # a base's arrival rate: this many standard errors above the count
 THREADS_TOL = 0.10  # a whole number of requests in flight, within 10%: one per worker thread
+# ... told from its neighbours only up to 1 / (2 THREADS_TOL) of them: past that every number
+# is within 10% of a whole one, a queue of hundreds that its cap barely serves too.
+THREADS_MAX = 1.0 / (2.0 * THREADS_TOL)
 # A back-to-back worker's threads are busy: running or waiting for a CPU (its neighbours took
 # it), at least this of a CPU (of its cap, under one) per request in flight (a loaded host's
 # or an emulated CPU gives a thread less than a whole one, and less than its cap: 0.70-0.87
@@ -259,6 +276,8 @@ DELIVERED_MIN = 0.7  # ... believed down to this share
 QUEUE_RHO = (0.15, 0.95)  # K is measured in windows whose busy fraction is in this range
 RHO_FLOOR = 0.95  # an open-loop service is never capped above this busy fraction
 SPARE_RHO = 0.5  # what the admitted leave holds an admitted service at most this busy
+REACH = (1.0, 0.5)  # a plan's margins reach at most this much of the way to the middle
+REACH_SWITCH = 0.1  # the other plan is taken for this many more containers expected in S
 _TIE = 1e-12  # per slot, so that equal costs are admitted in slot order
 
 
@@ -339,6 +358,10 @@ class Scratch:
     top: FloatArray
     head: FloatArray
     held: FloatArray  # what idle containers hold out of the budget
+    share: FloatArray  # the share a container gets under a plan's limits
+    log_latency: FloatArray  # ... its latency there, in logs
+    sigma: FloatArray  # ... and that latency's scatter from window to window
+    narrow_limits: FloatArray  # the limits of the plan with the narrower margins
     sorted: FloatArray
     cums: FloatArray
     levels: FloatArray
@@ -353,8 +376,10 @@ class Scratch:
     smooth: BoolArray
     slack: BoolArray
     under: BoolArray  # used less than its cap could give it, and not for lack of CPU
+    counted: BoolArray  # an open-loop service whose window's requests were its arrivals
     admissible: BoolArray
     admitted: BoolArray
+    wide_admitted: BoolArray  # the admitted set of the plan with the wider margins
     other: BoolArray
     mask: BoolArray
 
@@ -504,13 +529,22 @@ def open_loop_into(obs: Observation, span: float, est: BoolArray, fresh: BoolArr
     np.logical_and(newly, np.logical_not(mem.open, out=s.mask), out=newly)
     np.logical_or(fresh, newly, out=fresh)
     np.logical_or(mem.open, newly, out=mem.open)
+    np.putmask(mem.usable, newly, np.nan)  # its arrivals held it back, not its threads
     closed_again_into(obs, est, fresh, growing, mem, s)
+    # Its arrivals are counted unless it drains a queue (past QUEUE_GROWTH[0] in flight, that
+    # many times fewer than a window ago): it then completes what had queued as well.
+    counted = s.counted
+    np.multiply(in_flight, QUEUE_GROWTH[1], out=s.z)
+    np.less(s.z, mem.in_flight, out=counted)  # NaN (none a window ago) compares false
+    np.greater(in_flight, QUEUE_GROWTH[0], out=s.mask)
+    np.logical_and(counted, s.mask, out=counted)  # draining
     np.putmask(mem.in_flight, est, in_flight)
     np.logical_and(mem.open, est, out=s.mask)
     np.greater(obs.rate, 0.0, out=newly)
     np.logical_and(s.mask, newly, out=s.mask)
+    np.greater(s.mask, counted, out=counted)
     if span > 0.0:  # (a clock that went back tells nothing of the arrivals)
-        arrivals_into(obs.rate, span, s.mask, mem, s)
+        arrivals_into(obs.rate, span, counted, mem, s)
     np.logical_and(growing, s.mask, out=growing)
     np.putmask(mem.backlog, est, growing)
     np.divide(obs.usage, obs.rate, out=x, where=s.mask)
@@ -580,6 +614,8 @@ def closed_again_into(obs: Observation, est: BoolArray, fresh: BoolArray,
     np.multiply(s.y, THREADS_TOL, out=s.gain)
     np.less_equal(looks, s.gain, out=s.mask)
     np.greater_equal(n, 1.0, out=s.outlier)
+    np.logical_and(s.mask, s.outlier, out=s.mask)
+    np.less_equal(n, THREADS_MAX, out=s.outlier)
     np.logical_and(s.mask, s.outlier, out=s.mask)
     np.multiply(s.cap, 1.0 - SLACK, out=looks)
     np.greater_equal(obs.usage, looks, out=s.outlier)  # at its cap, or its threads busy
@@ -715,13 +751,12 @@ def service_time_into(out: FloatArray, latency: FloatArray, s: Scratch) -> None:
     np.multiply(out, 2.0, out=out)
 
 
-def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
-                node: NodeSpeed, s: Scratch) -> None:
-    """lean, comfy, knee, base, usable and cost of every known slot: s.known (valid, with a
-    positive target) and with an estimate of its work."""
+def shares_into(target: FloatArray, alpha: float, floor: float, reach: float, mem: Memory,
+                node: NodeSpeed, s: Scratch) -> float:
+    """lean, comfy, knee, base, usable and cost of every known slot (s.known: valid, with a
+    positive target and an estimate of its work), each margin reaching at most `reach` of
+    the way to the middle of the band. Returns the largest margin before that bound."""
     known, margin = s.known, s.margin
-    np.isfinite(mem.log_work, out=s.mask)
-    np.logical_and(known, s.mask, out=known)
     np.add(mem.log_work, node.log_speed, out=s.work)
     np.exp(s.work, out=s.work, where=known)  # at the node's present speed
     # mu: the container's own scatter and the node's from one window to the next.
@@ -745,7 +780,8 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     np.add(s.aim, s.x, out=s.aim)
     np.sqrt(s.aim, out=s.aim)
     np.exp(s.aim, out=s.aim)
-    np.minimum(margin, math.atanh(alpha), out=margin)
+    largest = float(np.max(margin, where=known, initial=0.0))
+    np.minimum(margin, reach * math.atanh(alpha), out=margin)
     np.exp(margin, out=margin)  # e^mu from here on
     np.divide(mem.arrived, mem.arrival_time, out=s.lam)
     np.putmask(s.lam, np.logical_not(mem.open, out=s.mask), 0.0)
@@ -793,6 +829,7 @@ def shares_into(target: FloatArray, alpha: float, floor: float, mem: Memory,
     adm = s.admissible
     np.less_equal(s.lean, s.usable, out=adm)
     np.logical_and(adm, known, out=adm)
+    return largest
 
 
 def admit_into(budget: float, mem: Memory, s: Scratch) -> float:
@@ -884,6 +921,70 @@ def fit_bases(room: float, floor: float, s: Scratch) -> None:
         np.subtract(s.lean, s.base, out=s.cost)
 
 
+def normal_cdf_into(z: FloatArray, out: FloatArray) -> None:
+    """Phi(z), the standard normal's distribution function, to within 2e-4 (the tanh form of
+    Page 1977: numpy has no erf); out is not z."""
+    np.square(z, out=out)
+    np.multiply(out, 0.044715, out=out)
+    np.add(out, 1.0, out=out)
+    np.multiply(out, z, out=out)
+    np.multiply(out, math.sqrt(2.0 / math.pi), out=out)
+    np.tanh(out, out=out)
+    np.add(out, 1.0, out=out)
+    np.multiply(out, 0.5, out=out)
+
+
+def expected_in_band(limits: FloatArray, target: FloatArray, alpha: float,
+                     cpus: float | None, mem: Memory, node: NodeSpeed, s: Scratch) -> float:
+    """How many known containers a window is expected to find in S under these limits:
+    each one's latency at its cap (delivered; a queue's at its arrivals for an open-loop
+    service, served one request at a time), scattered in logs as its work and the node's
+    speed scatter from window to window, amplified by the queue near its knee, against its
+    band (an open-loop service's slow edge alone: faster, it is in S). Reads s.work, s.lam
+    and s.delivered as shares_into left them."""
+    share, log_p, sigma, k = s.share, s.log_latency, s.sigma, s.z
+    np.fmin(limits, T_R, out=share)
+    np.multiply(share, s.delivered, out=share)
+    if cpus:
+        np.minimum(share, 1.0 / cpus, out=share, where=mem.open)
+    np.divide(s.work, share, out=s.x, where=s.known)  # x: the service time
+    np.multiply(s.lam, s.x, out=s.y)  # rho
+    np.exp(mem.log_queue, out=k)
+    np.putmask(k, np.isnan(k, out=s.mask), QUEUE_PRIOR)
+    # latency = x (1 + K rho / (1 - rho)); its log's sensitivity to log x is
+    # 1 + K rho / ((1 - rho)(1 - rho + K rho)).
+    np.multiply(k, s.y, out=k)  # K rho
+    np.subtract(1.0, s.y, out=s.d)  # 1 - rho
+    np.greater(s.d, 0.0, out=s.mask)
+    np.logical_and(s.mask, s.known, out=s.mask)
+    np.divide(k, s.d, out=log_p, where=s.mask)
+    np.add(log_p, 1.0, out=log_p)
+    np.multiply(log_p, s.x, out=log_p)
+    np.log(log_p, out=log_p, where=s.mask)
+    np.putmask(log_p, np.logical_not(s.mask, out=s.mask), math.inf)  # past its knee
+    np.add(s.d, k, out=s.gain)
+    np.multiply(s.gain, s.d, out=s.gain)
+    np.divide(k, s.gain, out=s.gain, where=s.known)
+    np.fmax(s.gain, 0.0, out=s.gain)  # past the knee: its latency is infinite anyway
+    np.add(s.gain, 1.0, out=s.gain)
+    np.add(mem.log_var, node.log_var, out=sigma)
+    np.sqrt(sigma, out=sigma)
+    np.maximum(sigma, MARGIN_MIN, out=sigma)
+    np.multiply(sigma, s.gain, out=sigma)
+    # P(in S) = Phi((ln o(1 + alpha) - ln p) / sigma) - Phi((ln o(1 - alpha) - ln p) / sigma)
+    np.log(target, out=s.x, where=s.known)
+    np.subtract(s.x, log_p, out=s.x)
+    np.add(s.x, math.log1p(alpha), out=s.y)
+    np.divide(s.y, sigma, out=s.y)
+    normal_cdf_into(s.y, share)  # P(under its slow edge)
+    np.add(s.x, math.log1p(-alpha), out=s.d)
+    np.divide(s.d, sigma, out=s.d)
+    normal_cdf_into(s.d, log_p)  # P(under its fast edge)
+    np.putmask(log_p, mem.open, 0.0)
+    np.subtract(share, log_p, out=share)
+    return masked_sum(share, s.known, s.x)
+
+
 def pressure_wanted(obs: Observation, d: Decision, s: Scratch) -> None:
     """d.pressure: the services whose usage over the window was under WANT_PRESSURE of the
     cap d.limits leaves them (T_R where none), the only ones that may be found under
@@ -910,6 +1011,7 @@ class Admit:
         self._mem = Memory.sized(0)
         self._node = NodeSpeed()
         self._last_round = -math.inf  # when the last round ran: the window's length
+        self._reach = 0  # the index in REACH of last round's plan
         self.resize(0)
 
     @classmethod
@@ -930,6 +1032,45 @@ class Admit:
     def due(self, now: float) -> bool:
         return self.listener.due(now)
 
+    def _plan_into(self, limits: FloatArray, obs: Observation, floor: float,
+                   room: float) -> None:
+        """The admitted set (s.admitted) and the limits of one round: planned with the
+        margins reaching REACH[0] of the way to the middle of the band and, where some would
+        reach further than REACH[1], with them bound there too, which lets more containers
+        in nearer their slow edge. The other plan than last round's is taken only if a
+        window is expected to find REACH_SWITCH more containers in S under it, so that the
+        admitted set does not flip on small changes."""
+        s = self._s
+        largest = self._plan_at(REACH[0], limits, obs, floor, room)
+        if largest <= REACH[1] * math.atanh(self.alpha):
+            self._reach = 0  # the two plans are the same
+            return
+        wide = expected_in_band(limits, obs.target, self.alpha, obs.cpus, self._mem,
+                                self._node, s)
+        np.copyto(s.wide_admitted, s.admitted)
+        self._plan_at(REACH[1], s.narrow_limits, obs, floor, room)
+        narrow = expected_in_band(s.narrow_limits, obs.target, self.alpha, obs.cpus,
+                                  self._mem, self._node, s)
+        if (narrow - wide if self._reach == 0 else wide - narrow) >= REACH_SWITCH:
+            self._reach = 1 - self._reach
+        if self._reach == 0:
+            np.copyto(s.admitted, s.wide_admitted)
+        else:
+            np.copyto(limits, s.narrow_limits)
+
+    def _plan_at(self, reach: float, limits: FloatArray, obs: Observation, floor: float,
+                 room: float) -> float:
+        """One plan (s.admitted, and the known slots' limits into `limits`) with the margins
+        reaching at most `reach`; returns the largest margin before that bound."""
+        s = self._s
+        largest = shares_into(obs.target, self.alpha, floor, reach, self._mem, self._node, s)
+        fit_bases(room, floor, s)
+        budget = max(room - masked_sum(s.base, s.known, s.x), 0.0)
+        left = admit_into(budget, self._mem, s)
+        np.copyto(limits, obs.limit)
+        allocate_into(limits, left, s)
+        return largest
+
     def decide(self, obs: Observation, now: float) -> Decision | None:
         if not self.listener.due(now):
             return None
@@ -946,7 +1087,7 @@ class Admit:
         floor = T_R / (2 * n) if n else 0.0
         np.greater(obs.target, 0.0, out=s.known)
         np.logical_and(s.known, ws.valid, out=s.known)
-        shares_into(obs.target, self.alpha, floor, mem, self._node, s)
+        np.logical_and(s.known, np.isfinite(mem.log_work, out=s.mask), out=s.known)
         # What the unknown (idle) slots hold: their limit, else their usage, at least f.
         held = s.held
         np.copyto(held, obs.limit)
@@ -954,11 +1095,7 @@ class Admit:
         np.fmax(held, floor, out=held)
         np.putmask(held, s.known, 0.0)
         room = T_R - float(held.sum())
-        fit_bases(room, floor, s)
-        budget = max(room - masked_sum(s.base, s.known, s.x), 0.0)
-        left = admit_into(budget, mem, s)
-        np.copyto(d.limits, obs.limit)
-        allocate_into(d.limits, left, s)
+        self._plan_into(d.limits, obs, floor, room)
         # An idle slot under the floor gets it (held out of E already); NaN (unlimited) stays.
         np.logical_not(s.known, out=s.mask)
         np.maximum(d.limits, floor, out=d.limits, where=s.mask)
