@@ -161,6 +161,48 @@ def test_when_the_floors_fill_the_target_only_the_stages_that_fill_it_scale_out(
     assert [d.stage for d in alone] == ["framer"], "none fills it: more replicas lower floors"
 
 
+def test_a_replica_on_a_nearly_taken_node_moves_rather_than_the_stage_scaling_far_out(
+        ) -> None:
+    # n0 leaves its replica 0.52 CPU, just over s/L = 0.5: the stage would need 25 replicas
+    # there, 1 on n1; a move to a node with room does with the two it has
+    near = StageLoad("detector", "detector", 2, WORK, 10.0, SHARE, {"n0": 0.52, "n1": 1.0},
+                     {"big": 1.0, "small": 0.6})
+    (move,) = plan(Scaler(), 0.0, near)
+    assert (move.replicas, move.move_from, move.prefer) == (2, "n0", ("big",))
+    assert move.why.startswith("moving a replica off its node: at 0.52 CPU there the stage "
+                               "needs 25.00 replicas, 1.00 without it")
+    (out,) = plan(Scaler(), 0.0, replace(near, room_cpus={"small": 0.6}))
+    assert (out.replicas, out.move_from) == (25, None), "nowhere better to go: it scales out"
+    alike = replace(near, replica_cpus={"n0": 0.52, "n1": 0.52})
+    assert plan(Scaler(), 0.0, alike)[0].move_from is None, "the rest needs as many: out"
+    # a move that would not change the count the rule heads for is not made
+    kept = StageLoad("detector", "detector", 2, WORK, 10.0, SHARE, {"n0": 0.9, "n1": 1.0},
+                     {"big": 1.0})
+    assert plan(Scaler(), 0.0, kept) == ()
+
+
+def test_when_the_floors_fill_the_target_and_none_is_that_busy_only_the_busiest_scales(
+        ) -> None:
+    # neither is busier than split.RHO_MAX a replica: scaling the light framer to its
+    # squeezed share would take 8 replicas and barely lower its floor
+    framer = stage(8.0, share=0.055, name="framer")  # 0.4 CPU of work
+    detector = stage(15.0, share=0.12, name="detector")  # 0.75
+    decisions = Scaler().plan(0.0, [PipelineLoad("video", (framer, detector), False)])
+    assert [d.stage for d in decisions.decisions] == ["detector"]
+
+
+def test_under_the_cap_the_latest_stages_act_first_whatever_their_order() -> None:
+    # the first two stages need one more replica each, the last is overloaded: with two
+    # actions a minute the last is not left waiting behind them; scale-ins come last
+    light = [stage(12.0, name=f"s{i}") for i in range(2)]  # 0.6 CPU of work on one
+    heavy = stage(30.0, name="last")  # 1.5
+    assert [d.stage for d in plan(Scaler(ScalerParams(max_actions_per_minute=2)), 0.0,
+                                  *light, heavy)] == ["s0", "last"], "in the stages' order"
+    idle = stage(0.5, asked=4, name="idle")
+    scaler = Scaler(ScalerParams(max_actions_per_minute=1, scale_in_evaluations=1))
+    assert [d.stage for d in plan(scaler, 0.0, idle, light[0])] == ["s0"]
+
+
 # --- in the manager ------------------------------------------------------------------------
 
 CIDS = {"cheap": "a" * 64, "dear": "b" * 64}

@@ -45,8 +45,8 @@ from dqoes_cg.cluster.darly import (
     feature_count,
     features,
 )
-from dqoes_cg.cluster.scaler import PipelineLoad, Scaler, ScalerParams, StageLoad
-from dqoes_cg.cluster.split import split
+from dqoes_cg.cluster.scaler import Decision, PipelineLoad, Scaler, ScalerParams, StageLoad
+from dqoes_cg.cluster.split import Split, split
 
 from .pipeline_env import STAGES, STEP_S, EnvParams, PipelineEnv
 
@@ -133,6 +133,33 @@ def nothing_policy(_env: PipelineEnv, _now: float) -> Action:
     return Action("none")
 
 
+def env_split(env: PipelineEnv) -> Split:
+    """The split of the env's pipeline target (split.py) from its stages' work, its rate and
+    the replicas running."""
+    p = env.params
+    replicas = [int(env.placement[s].sum()) for s in range(env.stages)]
+    return split(p.target_s, [list(path) for path in p.paths], list(p.work_s),
+                 [env.rate] * env.stages, replicas)
+
+
+def pipeline_load(env: PipelineEnv, name: str, shares: Split, stages: Sequence[str]
+                  ) -> PipelineLoad:
+    """The env's pipeline as the scaler reads it (stage i's service ID is NAME/i, a node's
+    str(n)): each stage's work, rate, share of Lt, the CPU its replicas have and a new one
+    could have on each node."""
+    p = env.params
+    return PipelineLoad(name, tuple(
+        StageLoad(f"{name}/{s}", stages[s], int(env.placement[s].sum()), p.work_s[s], env.rate,
+                  shares.stage_s[s], {str(n): c for n, c in env.replica_cpus(s).items()},
+                  {str(n): c for n, c in env.room_cpus(s).items()})
+        for s in range(env.stages)), shares.feasible)
+
+
+def decided_stage(d: Decision) -> int:
+    """The stage a decision on a pipeline_load's stage is about."""
+    return int(d.service_id.rsplit("/", 1)[1])
+
+
 class ModelScalerPolicy:
     """The model-based scaler of the pipelines issue, fed what the env's nodes would
     report: each stage's work, rate, share of Lt (split.py), the CPU its replicas have."""
@@ -141,18 +168,10 @@ class ModelScalerPolicy:
         self.scaler = Scaler(params or ScalerParams(interval_s=STEP_S, hold_s=2 * STEP_S))
 
     def __call__(self, env: PipelineEnv, now: float) -> Action:
-        p = env.params
         replicas = [int(env.placement[s].sum()) for s in range(env.stages)]
-        shares = split(p.target_s, [list(path) for path in p.paths], list(p.work_s),
-                       [env.rate] * env.stages, replicas)
-        stages = tuple(
-            StageLoad(str(s), STAGES[s], replicas[s], p.work_s[s], env.rate,
-                      shares.stage_s[s], {str(n): c for n, c in env.replica_cpus(s).items()},
-                      {str(n): c for n, c in env.room_cpus(s).items()})
-            for s in range(env.stages))
-        plan = self.scaler.plan(now, [PipelineLoad("video", stages, shares.feasible)])
+        plan = self.scaler.plan(now, [pipeline_load(env, "video", env_split(env), STAGES)])
         for d in plan.decisions:  # the env carries out one action a window
-            s = int(d.service_id)
+            s = decided_stage(d)
             if d.move_from is not None:
                 # where Swarm's spread would put it among the nodes with room
                 room = [int(n) for n in d.prefer]

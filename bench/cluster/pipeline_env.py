@@ -18,6 +18,10 @@ queue grows over the window instead, and so does its latency (`replica_latency`)
 
 One step is a decision window (STEP_S): the scheduler acts, the interference may change,
 the window's arrivals are drawn, and its latencies measured (with multiplicative noise).
+
+Several pipelines may share the nodes (bench/cluster/pipelines_at_scale.py): each is a
+PipelineEnv whose `neighbours` are the others, all with the same nodes and levels; a node's
+CPU and Swarm's spread then count every pipeline's replicas there.
 """
 
 from __future__ import annotations
@@ -97,20 +101,25 @@ class PipelineEnv:
         self.level = np.zeros(self.nodes)
         self.rate = 0.0
         self.obs: Observation | None = None
+        self.neighbours: list[PipelineEnv] = []  # other pipelines on the same nodes
 
     # --- the episode ---------------------------------------------------------------------
 
     def reset(self, replicas: Sequence[int] | None = None) -> Observation:
         """A new episode: `replicas` a stage (one by default) spread over the nodes, the
         interference and rate drawn afresh."""
-        self.placement[:] = 0
-        for stage, count in enumerate(replicas or [1] * self.stages):
-            for _ in range(count):
-                self.placement[stage, self.spread_node(stage)] += 1
+        self.deploy(replicas)
         self.level = self.rng.choice(LEVELS, size=self.nodes, p=LEVEL_ODDS)
         self.rate = float(self.rng.uniform(*self.params.rate_hz))
         self.obs = self._measure()
         return self.obs
+
+    def deploy(self, replicas: Sequence[int] | None = None) -> None:
+        """`replicas` a stage (one by default) and nothing else, spread over the nodes."""
+        self.placement[:] = 0
+        for stage, count in enumerate(replicas or [1] * self.stages):
+            for _ in range(count):
+                self.placement[stage, self.spread_node(stage)] += 1
 
     def step(self, action: Action, space: ActionSpace) -> tuple[Observation, float]:
         """Carries out `action` (refused ones do nothing), moves a window on: the new
@@ -127,8 +136,13 @@ class PipelineEnv:
         self.level = np.where(change, drawn, self.level)
         if self.rng.random() < p.rate_change:
             self.rate = float(self.rng.uniform(*p.rate_hz))
+        return self.measure(), self.reward()
+
+    def measure(self) -> Observation:
+        """The window at the present levels and rate: its arrivals drawn, its latencies
+        measured (kept as `obs`)."""
         self.obs = self._measure()
-        return self.obs, self.reward()
+        return self.obs
 
     def reward(self) -> float:
         assert self.obs is not None
@@ -185,12 +199,40 @@ class PipelineEnv:
             return self.spread_node(s, leaving=source)
         return self.profile_node(s, leaving=source)
 
-    def spread_node(self, stage: int, leaving: int | None = None) -> int:
+    def spread_node(self, stage: int, leaving: int | None = None,
+                    among: Sequence[int] | None = None) -> int:
         """Swarm's spread: the node with fewest of the stage's tasks, then fewest tasks
-        (blind to interference and speed), never the one a task leaves."""
+        (blind to interference and speed), never the one a task leaves; only `among` those
+        nodes when given (a placement constraint)."""
         order = [n for n in range(self.nodes) if n != leaving]
-        return min(order, key=lambda n: (self.placement[stage, n],
-                                          self.placement[:, n].sum(), n))
+        if among is not None:
+            order = [n for n in order if n in among] or order  # none of them: anywhere
+        tasks = self.tasks()
+        return min(order, key=lambda n: (self.placement[stage, n], tasks[n], n))
+
+    def swarm_scale(self, stage: int, count: int, among: Sequence[int] | None = None) -> None:
+        """Swarm scaling the stage's service to `count` tasks: new ones spread (`among` those
+        nodes when given), removed ones taken from the nodes with most of its tasks, then
+        most tasks (swarmkit's scale-down keeps the service balanced)."""
+        while self.placement[stage].sum() < count:
+            self.placement[stage, self.spread_node(stage, among=among)] += 1
+        while self.placement[stage].sum() > max(count, 1):
+            tasks = self.tasks()
+            on = np.nonzero(self.placement[stage])[0]
+            self.placement[stage, max(on, key=lambda n: (self.placement[stage, n], tasks[n],
+                                                           -n))] -= 1
+
+    def swarm_move(self, stage: int, node: int, among: Sequence[int] | None = None) -> None:
+        """The stage's tasks on `node` rescheduled by Swarm off it (a node.id!= constraint),
+        spread over the others (`among` those when given)."""
+        while self.placement[stage, node] > 0:
+            self.placement[stage, node] -= 1
+            self.placement[stage, self.spread_node(stage, leaving=node, among=among)] += 1
+
+    def tasks(self) -> np.ndarray:
+        """Every pipeline's replicas on each node."""
+        return self.placement.sum(axis=0) + sum(
+            (o.placement.sum(axis=0) for o in self.neighbours), np.zeros(self.nodes, np.int64))
 
     def profile_node(self, stage: int, leaving: int | None = None) -> int:
         """The offline profile's choice: the node where a replica of the stage would
@@ -225,7 +267,9 @@ class PipelineEnv:
         return self.placement * per_replica
 
     def _node_demand(self) -> np.ndarray:
-        return self._demand().sum(axis=0)
+        """CPUs every pipeline's replicas use on each node."""
+        return self._demand().sum(axis=0) + sum(
+            (o._demand().sum(axis=0) for o in self.neighbours), np.zeros(self.nodes))
 
     def _replica_cpus(self) -> np.ndarray:
         """The CPU (at speed 1: scaler.py's units) a replica of each stage has on each node
@@ -233,7 +277,7 @@ class PipelineEnv:
         p = self.params
         demand = self._demand()
         paces = np.array([self._pace(n) for n in range(self.nodes)])
-        left = np.asarray(p.node_cpus) * (1.0 - self.level) - demand.sum(axis=0)
+        left = np.asarray(p.node_cpus) * (1.0 - self.level) - self._node_demand()
         mine = np.maximum(left[None, :] + demand, 0.0) / np.maximum(self.placement, 1)
         return np.where(self.placement > 0, np.minimum(mine, 1.0) * paces[None, :], 0.0)
 

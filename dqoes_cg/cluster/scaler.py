@@ -24,17 +24,21 @@ Rule, per stage, every `interval_s`:
 - in, by one, when even r - 1 replicas would hold the share with `scale_in_margin` to spare
   (need <= (1 - margin)(r - 1)) at `scale_in_evaluations` evaluations in a row; never below
   one replica;
+- a move instead when the slowest replica's CPU is little more than s/L (need grows as
+  1 / (c - s/L): the stage would be scaled far out, and kept there, for one replica's node)
+  and the rest of the stage with a node with room would head for fewer replicas;
 - nothing while its measurements are missing or not finite, its rate is zero, Swarm is
   updating the service or its running tasks are not the count it asks for (a scale or a move
   in flight), or within `hold_s` of its last action (the nodes' windows must see the new
   count);
-- at most `max_actions_per_minute` actions per pipeline.
+- at most `max_actions_per_minute` actions per pipeline, the latest stages first (the
+  model's latency of the slowest replica over its share; scale-ins last).
 
 When the stages' floors fill the target (the split is not feasible, split.py), every share
 is squeezed below what one replica does at one CPU, and every stage would seem to need one
 more: then only the stages busier than split.RHO_MAX a replica (the ones that fill it)
-scale out, when there are such, and nothing else while one of them is busy; the others'
-shares come back once those have.
+scale out, or the busiest one when none is, and nothing else while one of them is busy; the
+others' shares come back once those have.
 """
 
 from __future__ import annotations
@@ -151,10 +155,8 @@ class Scaler:
             self.evaluated[p.name] = now
             recent = [t for t in self.actions.get(p.name, []) if now - t < UNIT_S]
             self.actions[p.name] = recent
-            # a stage being scaled may be one that fills the target
-            overloaded = set() if p.feasible else {
-                st.service_id for st in p.stages
-                if st.busy is not None or _utilisation(st) > RHO_MAX}
+            overloaded = set() if p.feasible else _filling(p.stages)
+            wanted: list[tuple[StageLoad, Decision]] = []
             for stage in p.stages:
                 quiet = stage.busy is None and \
                     now - self.acted.get(stage.service_id, -math.inf) >= self.params.hold_s
@@ -162,10 +164,14 @@ class Scaler:
                     self.steered.discard(stage.service_id)
                     settled.append(stage.service_id)
                 decision = self._decide(p.name, stage) if quiet else None
-                if decision is None or (overloaded and stage.service_id not in overloaded):
-                    continue
-                if len(recent) >= self.params.max_actions_per_minute:
-                    break  # capped: the next evaluation looks again
+                if decision is not None and (not overloaded or stage.service_id in overloaded):
+                    wanted.append((stage, decision))
+            # under the cap the latest stage first (a scale in is never urgent): taken in the
+            # stages' order, the first ones' moves could starve a later overloaded stage
+            room = max(self.params.max_actions_per_minute - len(recent), 0)
+            order = sorted(range(len(wanted)), key=lambda i: (
+                wanted[i][1].replicas < (wanted[i][0].asked or 0), -_lateness(wanted[i][0])))
+            for stage, decision in (wanted[i] for i in sorted(order[:room])):
                 recent.append(now)
                 self.acted[stage.service_id] = now
                 self.below.pop(stage.service_id, None)
@@ -200,6 +206,20 @@ class Scaler:
                             f"moving a replica off its node: {cpus:.2f} CPU there cannot "
                             f"answer within its share at any count ({figures})")
         wanted = min(replicas_for(needed), self.params.max_replicas)
+        # a node that leaves its replica little more than s/L would have the whole stage
+        # scaled far out (need grows as 1 / (c - s/L)) and kept there: moving that replica
+        # does with fewer when the rest of the stage and a node with room need fewer
+        rest = [min(c, MAX_REPLICA_CPUS) for n, c in stage.replica_cpus.items() if n != slowest]
+        after = need(s, lam, share, min(rest)) if rest else 0.0
+        if after is not None and math.isfinite(after) \
+                and self._count(after, asked) < self._count(needed, asked):
+            room = self._room(stage, s / share + lam * s / max(replicas_for(after), asked))
+            if room:
+                self.below.pop(stage.service_id, None)
+                return Decision(pipeline, stage.service_id, stage.name, asked, room, slowest,
+                                f"moving a replica off its node: at {cpus:.2f} CPU there the "
+                                f"stage needs {needed:.2f} replicas, {after:.2f} without it "
+                                f"({figures})")
         if wanted > asked:
             self.below.pop(stage.service_id, None)
             return Decision(pipeline, stage.service_id, stage.name, wanted,
@@ -216,6 +236,13 @@ class Scaler:
         self.below.pop(stage.service_id, None)
         return None
 
+    def _count(self, needed: float, asked: int) -> int:
+        """The replicas the rule heads for at a need of `needed` (a finite one)."""
+        if needed > asked:
+            return min(replicas_for(needed), self.params.max_replicas)
+        return asked - 1 if asked > 1 and \
+            needed <= (1.0 - self.params.scale_in_margin) * (asked - 1) else asked
+
     @staticmethod
     def _room(stage: StageLoad, cpus: float) -> tuple[str, ...]:
         """The nodes where a new replica could have `cpus` (within MAX_REPLICA_CPUS)."""
@@ -223,6 +250,28 @@ class Scaler:
             return ()
         return tuple(sorted(n for n, c in stage.room_cpus.items()
                             if math.isfinite(c) and min(c, MAX_REPLICA_CPUS) >= cpus))
+
+
+def _filling(stages: Sequence[StageLoad]) -> set[str]:
+    """The stages that fill an infeasible split's target: those busier than RHO_MAX a
+    replica or being scaled (one may be one of them), else the busiest: its floor falls most
+    with one more replica, while a little-used stage scaled to its squeezed share would take
+    many replicas for nothing (the split gives the shares back once the floors fit)."""
+    over = {st.service_id for st in stages if st.busy is not None or _utilisation(st) > RHO_MAX}
+    top = max((_utilisation(st) for st in stages), default=0.0)
+    return over or {st.service_id for st in stages if top > 0.0 and _utilisation(st) >= top}
+
+
+def _lateness(stage: StageLoad) -> float:
+    """The model's latency of its slowest replica over its share, s / (c - λs/r) / L
+    (math.inf: overloaded; 0 when unknown)."""
+    cpus = min(stage.replica_cpus.values(), default=0.0)
+    known = (stage.work_s, stage.rate_hz, stage.asked, stage.target_s, cpus)
+    if any(v is None or not math.isfinite(v) or v <= 0 for v in known):
+        return 0.0
+    s, lam, r, share, c = known
+    spare = min(c, MAX_REPLICA_CPUS) - lam * s / r  # type: ignore[operator]
+    return math.inf if spare <= 0.0 else s / spare / share  # type: ignore[operator]
 
 
 def _utilisation(stage: StageLoad) -> float:
