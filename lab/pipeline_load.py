@@ -181,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ready after {wait_ready(args.to, args.ready_within)} failed tries", flush=True)
     times = arrivals(args.phase, args.burst, args.seed)
     duration = sum(phase.duration_s for phase in args.phase)
+    started = time.time()  # arrivals count from here: a reader aligns its own clock on it
     outcomes = run(args.to, times, args.deadline, args.max_in_flight)
     doc = summary(outcomes, duration)
+    doc["start_unix"] = started
     doc["outcomes"] = [[o.arrival_s, o.latency_s, o.hops, o.error] for o in outcomes]
     text = json.dumps(doc)
     print(json.dumps({k: v for k, v in doc.items() if k != "outcomes"}), flush=True)

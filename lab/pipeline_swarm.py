@@ -63,20 +63,33 @@ class PipelineFlow:
         return [*opts, "--network", NETWORK, "--endpoint-mode", "dnsrr",
                 "--stop-grace-period", "0s", *options], command
 
-    def create_stages(self, target: str, options: Sequence[str] = ()) -> None:
-        """The stages as services of one replica each, a chain, the first with the
-        pipeline's end-to-end target (mean); each with a dqoes volume (its ring)."""
-        labels = stage_labels(self.stages, target)
+    def create_stages(self, target: str | None, options: Sequence[str] = (),
+                      replicas: int = 1) -> None:
+        """The stages as services of `replicas` each, a chain, the first with the pipeline's
+        end-to-end target (mean), each with a dqoes volume (its ring); no pipeline labels at
+        all if `target` is None (a deployment dqoes-cg leaves alone)."""
+        labels = stage_labels(self.stages, target) if target else {}
         for i, name in enumerate(self.stages):
             nexts = ["--next", f"{self.stages[i + 1]}:{PORT}"] if i + 1 < len(self.stages) else []
             opts, command = self._python(
                 "lab.pipeline_stage", "--name", name, "--model", self.model,
                 "--port", str(PORT), *nexts,
-                options=[*(o for k, v in labels[name].items() for o in ("--label", f"{k}={v}")),
+                options=[*(o for k, v in labels.get(name, {}).items()
+                           for o in ("--label", f"{k}={v}")),
                          "--mount", VOLUME, "--update-order", "start-first", *options])
-            self.swarm.create_service(name, PYTHON_IMAGE, command, options=opts)
+            self.swarm.create_service(name, PYTHON_IMAGE, command, replicas, options=opts)
         for name in self.stages:
-            self.swarm.wait_running(name, 1)
+            self.swarm.wait_running(name, replicas)
+
+    def remove_stages(self) -> None:
+        """The stage services gone (the network stays, for the next deployment)."""
+        self._remove(*self.stages)
+
+    def _remove(self, *services: str) -> None:
+        names = self.swarm.docker("service", "ls", "--format", "{{.Name}}").split()
+        gone = [name for name in services if name in names]
+        if gone:
+            self.swarm.remove_service(*gone)
 
     def run_load(self, out_dir: Path, *phases: str, seed: int = 0,
                  ready_within_s: float = CONVERGE_S) -> dict[str, Any]:
@@ -104,8 +117,5 @@ class PipelineFlow:
         return doc
 
     def remove(self) -> None:
-        names = self.swarm.docker("service", "ls", "--format", "{{.Name}}").split()
-        gone = [name for name in (*self.stages, LOAD) if name in names]
-        if gone:
-            self.swarm.remove_service(*gone)
+        self._remove(*self.stages, LOAD)
         self.swarm.docker("network", "rm", NETWORK)

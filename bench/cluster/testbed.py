@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -279,37 +280,61 @@ def in_guest(out: Path, quick: bool, ways: list[str]) -> None:
     """Boot the swarm guest and run every way in it, the inference server built here."""
     from lab.guest.systemd_guest import build_infer
 
+    def args(shared: Path) -> list[str]:
+        env = build_infer(shared)
+        return ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m",
+                "bench.cluster.testbed", "--run-here", str(shared / RAW), "--ways",
+                ",".join(ways), *(["--quick"] if quick else [])]
+
+    in_swarm_guest(out, RAW, args, GUEST_TIMEOUT_S, "testbed")
+
+
+def in_swarm_guest(out: Path, raw_name: str, command: Callable[[Path], list[str]],
+                   timeout_s: float, what: str) -> None:
+    """Boot the swarm guest and run `command(shared)` in it, which writes its runs into
+    shared/raw_name (shared: a directory the guest may write); those copied into `out`,
+    also after a failure that left some."""
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="dqoes-testbed-") as shared:
-        env = build_infer(Path(shared))
-        raw = Path(shared) / RAW
-        command = [sys.executable, "-m", "lab.guest", "--swarm", "--timeout",
-                   str(GUEST_TIMEOUT_S), "--writable", shared, "--", "env",
-                   *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m",
-                   "bench.cluster.testbed", "--run-here", str(raw), "--ways", ",".join(ways),
-                   *(["--quick"] if quick else [])]
-        status = subprocess.run(command, cwd=ROOT, check=False).returncode
+    with tempfile.TemporaryDirectory(prefix="dqoes-testbed-") as name:
+        shared = Path(name)
+        raw = shared / raw_name
+        status = subprocess.run([sys.executable, "-m", "lab.guest", "--swarm", "--timeout",
+                                 str(timeout_s), "--writable", str(shared), "--",
+                                 *command(shared)], cwd=ROOT, check=False).returncode
         if not raw.exists():
-            raise RuntimeError(f"the testbed run in the guest failed (status {status})")
-        (out / RAW).write_text(raw.read_text())
+            raise RuntimeError(f"the {what} run in the guest failed (status {status})")
+        (out / raw_name).write_text(raw.read_text())
         if status != 0:
-            print(f"testbed: the guest ended with status {status}; its runs so far are "
-                  f"in {out / RAW}", file=sys.stderr)
+            print(f"{what}: the guest ended with status {status}; its runs so far are in "
+                  f"{out / raw_name}", file=sys.stderr)
+
+
+def testbed_parser(command: str, doc: str | None, results: Path, raw_name: str,
+                   ways: Sequence[str], quick: str) -> argparse.ArgumentParser:
+    """The options a testbed run in the swarm guest takes (`quick`: what --quick does)."""
+    p = argparse.ArgumentParser(prog=command, description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=results)
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--ways", default=",".join(ways), help="default: %(default)s")
+    p.add_argument("--report", action="store_true", help="only the report, from DIR/" + raw_name)
+    p.add_argument("--run-here", type=Path, metavar="RAW",
+                   help="run the ways here (in the swarm guest), the runs into RAW")
+    return p
+
+
+def chosen_ways(p: argparse.ArgumentParser, text: str, ways: Sequence[str]) -> list[str]:
+    """The ways named in `text` (comma-separated), each one of `ways`."""
+    chosen = [way for way in text.split(",") if way]
+    if not chosen or set(chosen) - set(ways):
+        p.error(f"ways: some of {', '.join(ways)}")
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--quick", action="store_true", help="3 services, short (a smoke test)")
-    p.add_argument("--ways", default=",".join(WAYS), help="default: %(default)s")
-    p.add_argument("--report", action="store_true", help="only the report, from DIR/" + RAW)
-    p.add_argument("--run-here", type=Path, metavar="RAW",
-                   help="run the ways here (in the swarm guest), the runs into RAW")
+    p = testbed_parser(COMMAND, __doc__, RESULTS, RAW, WAYS, "3 services, short (a smoke test)")
     args = p.parse_args(argv)
-    ways = [way for way in args.ways.split(",") if way]
-    if not ways or set(ways) - set(WAYS):
-        p.error(f"ways: some of {', '.join(WAYS)}")
+    ways = chosen_ways(p, args.ways, WAYS)
     if args.run_here:
         from lab.guest.e2e import artifacts
         from lab.swarm import THREE_NODES, Swarm
