@@ -12,13 +12,13 @@ is a 4-byte big-endian length and that many bytes of JSON, at most MAX_FRAME. A 
 from its receipt of the request to its work done (its queue included, what its ring gets),
 this stage's first, then its next stages'; or {"id": N, "error": "one line"}.
 
-A next stage's name is looked up at every request and one of its addresses taken at random:
-on Swarm, with `--endpoint-mode dnsrr`, that spreads the requests over the service's
-replicas. Everything a peer sends is hostile: a frame over MAX_FRAME, bad JSON, a peer that
-stalls mid-frame or past its deadline gets one error line (where it can still be sent) and
-its connection closed; past MAX_CONNECTIONS a new connection is refused with one, past a
-full queue a request is, and a next stage that does not answer within the deadline makes
-the request fail, never the stage hang.
+A next stage's name is looked up at most every RESOLVE_TTL_S and one of its addresses taken
+at random for each request: on Swarm, with `--endpoint-mode dnsrr`, that spreads the
+requests over the service's replicas. Everything a peer sends is hostile: a frame over
+MAX_FRAME, bad JSON, a peer that stalls mid-frame or past its deadline gets one error line
+(where it can still be sent) and its connection closed; past MAX_CONNECTIONS a new
+connection is refused with one, past a full queue a request is, and a next stage that does
+not answer within the deadline makes the request fail, never the stage hang.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ MAX_CONNECTIONS = 64  # at once, each a thread
 QUEUE = 32  # requests waiting for the worker
 IO_TIMEOUT_S = 10.0  # a peer's silence mid-frame, or between requests, before it is dropped
 DEADLINE_S = 60.0  # a request's time in this stage and past it, before it fails
+RESOLVE_TTL_S = 2.0  # how long a next stage's addresses are used before a new lookup
 _LENGTH = struct.Struct(">I")
 
 
@@ -115,16 +116,36 @@ def hops_of(doc: dict[str, Any]) -> list[tuple[str, float]]:
     return checked
 
 
+_resolved: dict[tuple[str, int], tuple[float, list[Any]]] = {}  # address: (expiry, infos)
+
+
+def _resolve(address: tuple[str, int]) -> list[Any]:
+    """The addresses of a name, looked up at most every RESOLVE_TTL_S: a lookup per request
+    (Docker's resolver, in dockerd) cost more than a stage's work on the emulated CPU,
+    while a replica started or gone is seen within the TTL, as with a DNS cache."""
+    now = time.monotonic()
+    cached = _resolved.get(address)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    infos = socket.getaddrinfo(*address, socket.AF_INET, socket.SOCK_STREAM)
+    _resolved[address] = (now + RESOLVE_TTL_S, infos)
+    return infos
+
+
 def call(address: tuple[str, int], rid: int, deadline: float) -> list[tuple[str, float]]:
-    """Send request `rid` to the stage at `address` (a name is looked up now, one of its
-    addresses taken at random) on a connection of its own; its answer's hops. Raises
-    OSError, TimeoutError or FrameError (an error answer is one too)."""
+    """Send request `rid` to the stage at `address` (its name looked up at most every
+    RESOLVE_TTL_S, one of its addresses taken at random) on a connection of its own; its
+    answer's hops. Raises OSError, TimeoutError or FrameError (an error answer is one
+    too)."""
     host, port = address
-    infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
-    family, kind, proto, _, sockaddr = random.choice(infos)
+    family, kind, proto, _, sockaddr = random.choice(_resolve(address))
     with socket.socket(family, kind, proto) as sock:
         sock.settimeout(max(0.001, min(deadline - time.monotonic(), IO_TIMEOUT_S)))
-        sock.connect(sockaddr)
+        try:
+            sock.connect(sockaddr)
+        except OSError:
+            _resolved.pop(address, None)  # a replica gone: the next request looks again
+            raise
         send_frame(sock, {"id": rid})
         answer = recv_frame(sock, deadline)
     if answer is None:

@@ -12,7 +12,8 @@ the static busybox and the links /lib, /lib64, /bin into /usr, and each task bin
 /usr, this Python's installation and the repository, read-only, from the node (every node
 of the lab Swarm sees the guest's files). The services use DNS round robin
 (`--endpoint-mode dnsrr`): the engines run without iptables, which Swarm's virtual IPs need;
-each stage looks its next stage's name up at every request and picks one of its tasks.
+each stage looks its next stage's name up (at most every 2 s) and picks one of its tasks
+for each request.
 """
 
 from __future__ import annotations

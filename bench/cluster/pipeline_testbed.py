@@ -65,8 +65,8 @@ class Size:
         return sum(float(phase.split(":")[0]) for phase in self.phases)
 
 
-FULL = Size(("150:0.7", "300:1.5", "150:0.7"))
-QUICK = Size(("60:0.7", "60:1.5"))
+FULL = Size(("150:0.5", "300:1", "150:0.5"))
+QUICK = Size(("60:0.5", "60:1"))
 
 
 def nodes() -> tuple[Any, ...]:
