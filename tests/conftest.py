@@ -12,9 +12,9 @@ import pytest
 
 from lab.cgroups import cgroup2_cpu_mount, make_test_cgroup, remove_cgroup_tree
 from lab.guest.report import RESULTS_ENV, ResultWriter, TimeLimit
-from lab.guest.routing import GuestRunner, Route, route_items
-from lab.guest.swarm_guest import chained_runner, route_swarm_items
-from lab.guest.systemd_guest import route_systemd_items, systemd_runner
+from lab.guest.routing import Route, route_items
+from lab.guest.swarm_guest import route_swarm_items, systemd_guest_runner
+from lab.guest.systemd_guest import route_systemd_items
 from lab.images import BUSYBOX
 from lab.swarm import BUSYBOX_IMAGE, THREE_NODES, Swarm
 
@@ -34,10 +34,9 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: route only what was selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     config.stash[_swarm_route_key] = route_swarm_items(config, items)  # first: see its doc
-    config.stash[_route_key] = route_items(config, items, chained_runner(
-        config, items, lambda nodeids: GuestRunner(config.rootpath, nodeids)))
-    config.stash[_systemd_route_key] = route_systemd_items(config, items, chained_runner(
-        config, items, lambda nodeids: systemd_runner(config, nodeids)))
+    config.stash[_route_key] = route_items(config, items)
+    config.stash[_systemd_route_key] = route_systemd_items(
+        config, items, systemd_guest_runner(config, items))
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:

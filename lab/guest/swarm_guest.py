@@ -24,9 +24,8 @@ from .routing import (
     Runner,
     apply_route,
     choose_own_guest_route,
-    choose_route,
 )
-from .systemd_guest import artifacts_runner, build_infer, choose_systemd_route
+from .systemd_guest import artifacts_runner, build_infer, choose_systemd_route, systemd_runner
 from .vm import BUSYBOX_INIT, NO_APPARMOR, GuestConfig
 
 SWARM_GUEST_ENV = "DQOES_GUEST_SWARM"  # "1" in the swarm guest's test run
@@ -62,12 +61,12 @@ def route_swarm_items(config: pytest.Config, items: list[pytest.Item]) -> Route 
     """Route the selected `guest_swarm` items (in place); None if none was selected.
 
     Without the opt-in they are skipped, but for those also marked SMOKE_MARKER (the
-    multi-node smoke test), unless SMOKE_OPT_OUT_ENV=0. When the kernel tests go to a guest,
-    the smoke test then goes last into their run (marked `kernel`; route it before them, with
-    chained_runner), else after the systemd tests' guest in the same way: never a third guest
-    beside the kernel and systemd ones on the same two CPUs. After the kernel guest, the
-    shorter of the two (22 against 36 min beside two busy loops), rather than after the
-    systemd guest, whose run it stretched to 42 min of a 44 min session."""
+    multi-node smoke test), unless SMOKE_OPT_OUT_ENV=0. When the systemd tests go to a
+    guest, the smoke test then goes last into their run (marked `guest_systemd`; route it
+    before them, with systemd_guest_runner): its guest beside the systemd guest's made the
+    targets of test_e2e_service.py's docker-systemd test late (past 240 s: the emulated CPU
+    1.8 times slower) in 4 runs of 4, and a third guest beside the kernel and systemd ones
+    would share the same two CPUs too."""
     selected = [item for item in items if item.get_closest_marker("guest_swarm")]
     if not _opted_in():
         smoke = os.environ.get(SMOKE_OPT_OUT_ENV) != "0"
@@ -79,17 +78,14 @@ def route_swarm_items(config: pytest.Config, items: list[pytest.Item]) -> Route 
         if not smoke:
             return skipped if selected else None
         selected = [item for item in selected if item.get_closest_marker(SMOKE_MARKER)]
-        if selected and not missing_swarm_guest_packages():
-            for marker, choose, guest in (("kernel", choose_route, "kernel tests'"),
-                                          ("guest_systemd", choose_systemd_route,
-                                           "systemd tests'")):
-                if any(item.get_closest_marker(marker) for item in items) \
-                        and choose().where == "guest":
-                    for item in selected:
-                        item.add_marker(marker)
-                    items[:] = [item for item in items if item not in selected] + selected
-                    return Route("guest", f"the smoke test only, in a guest of its own booted "
-                                 f"once the {guest} guest is done")
+        after = [item for item in items if item.get_closest_marker("guest_systemd")]
+        if selected and after and choose_systemd_route().where == "guest" \
+                and not missing_swarm_guest_packages():
+            for item in selected:
+                item.add_marker(pytest.mark.guest_systemd)
+            items[:] = [item for item in items if item not in selected] + selected
+            return Route("guest", "the smoke test only, in a guest of its own booted once the "
+                         "systemd tests' guest is done")
     if not selected:
         return None
     route = choose_own_guest_route(SWARM_GUEST_ENV, "swarm test guest",
@@ -99,17 +95,18 @@ def route_swarm_items(config: pytest.Config, items: list[pytest.Item]) -> Route 
     return route
 
 
-def chained_runner(config: pytest.Config, items: list[pytest.Item],
-                   first: Callable[[list[str]], GuestRunner]) -> Callable[[list[str]], Runner]:
-    """What runs a guest's tests (`first` makes its run), then, when route_swarm_items gave
-    them the smoke test, a swarm guest of its own for it, booted once the first is done."""
+def systemd_guest_runner(config: pytest.Config,
+                         items: list[pytest.Item]) -> Callable[[list[str]], Runner]:
+    """What runs the systemd tests in a guest: the systemd guest, then, when
+    route_swarm_items gave them the smoke test, a swarm guest of its own for it, booted once
+    the systemd guest is done."""
     smoke = {item.nodeid for item in items if item.get_closest_marker("guest_swarm")}
 
     def runner(nodeids: list[str]) -> Runner:
-        own = first([n for n in nodeids if n not in smoke])
+        systemd = systemd_runner(config, [n for n in nodeids if n not in smoke])
         if smoke.isdisjoint(nodeids):
-            return own
-        return GuestChain([own, _swarm_runner(config, [n for n in nodeids if n in smoke])])
+            return systemd
+        return GuestChain([systemd, _swarm_runner(config, [n for n in nodeids if n in smoke])])
 
     return runner
 
