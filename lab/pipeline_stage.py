@@ -132,20 +132,36 @@ def _resolve(address: tuple[str, int]) -> list[Any]:
     return infos
 
 
+def _connect(address: tuple[str, int], deadline: float) -> socket.socket:
+    """A connection to one of the name's addresses, at random. A refused one (a replica
+    gone since the lookup: a move, a scale in) drops the cached addresses and tries once
+    more after a new lookup, as a client that retries another endpoint does."""
+    try:
+        return _open(random.choice(_resolve(address)), deadline)
+    except OSError:
+        _resolved.pop(address, None)
+    return _open(random.choice(_resolve(address)), deadline)
+
+
+def _open(info: Any, deadline: float) -> socket.socket:
+    family, kind, proto, _, sockaddr = info
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.settimeout(max(0.001, min(deadline - time.monotonic(), IO_TIMEOUT_S)))
+        sock.connect(sockaddr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def call(address: tuple[str, int], rid: int, deadline: float) -> list[tuple[str, float]]:
     """Send request `rid` to the stage at `address` (its name looked up at most every
     RESOLVE_TTL_S, one of its addresses taken at random) on a connection of its own; its
     answer's hops. Raises OSError, TimeoutError or FrameError (an error answer is one
     too)."""
     host, port = address
-    family, kind, proto, _, sockaddr = random.choice(_resolve(address))
-    with socket.socket(family, kind, proto) as sock:
-        sock.settimeout(max(0.001, min(deadline - time.monotonic(), IO_TIMEOUT_S)))
-        try:
-            sock.connect(sockaddr)
-        except OSError:
-            _resolved.pop(address, None)  # a replica gone: the next request looks again
-            raise
+    with _connect(address, deadline) as sock:
         send_frame(sock, {"id": rid})
         answer = recv_frame(sock, deadline)
     if answer is None:
