@@ -119,6 +119,7 @@ class Injector:
             try:
                 self.hog.set(level)
             except (OSError, subprocess.SubprocessError) as e:
-                self.errors.append(f"level {level}: {e}"[:200])
+                why = getattr(e, "stderr", None) or str(e).encode()  # docker's reason, if any
+                self.errors.append(f"level {level}: {why.decode(errors='replace')}"[:300])
                 continue
             self.changes.append((time.monotonic() - start, level))

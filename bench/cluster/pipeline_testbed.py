@@ -365,9 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     ways = chosen_ways(p, args.ways, WAYS)
     size = QUICK if args.quick else FULL
     if args.run_here:
-        from lab.swarm import Swarm
+        from lab.images import BUSYBOX
+        from lab.swarm import BUSYBOX_IMAGE, Swarm
 
-        swarm = Swarm(nodes()).up()
+        swarm = Swarm(nodes()).up(images={BUSYBOX_IMAGE: {"busybox": BUSYBOX}})  # the hogs'
         try:
             run_testbed(swarm, size, ways, args.run_here, args.seed)
         finally:
