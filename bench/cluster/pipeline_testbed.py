@@ -291,7 +291,8 @@ def markdown(judged: list[Judged], raw: dict[str, Any], quick: bool) -> str:
         f"{raw['calibration']['e2e_mean_s']:.2f} s the default deployment answered in at "
         f"{CALIBRATION} with no hog. Windows of {WINDOW_S:g} s, judged after the first "
         f"{SETTLE_S:g} s. The scaler's actions: "
-        + ", ".join(f"{r['way']} {len(r.get('actions', []))}" for r in raw["runs"]) + ".",
+        + ", ".join(f"{r['way']} {sum('scaler:' in a for a in r.get('actions', []))}"
+                    for r in raw["runs"]) + ".",
         "",
         "| way | windows held | violations (of judged) | replica-seconds | replicas, median "
         "(max) | nodes, median | e2e mean, median window | reactions to a hog raised: "
