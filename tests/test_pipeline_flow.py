@@ -214,3 +214,31 @@ def test_a_docker_hog_is_capped_at_its_share_of_the_node() -> None:
     assert argv[argv.index("--cpus") + 1] == "0.375"
     with pytest.raises(ValueError, match="kind"):
         DockerHog(["docker"], 1.0, kind="disk")
+
+
+def test_a_name_is_looked_up_once_per_ttl_and_again_when_its_replica_is_gone(
+        monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A stage gone since the lookup (its port closed) refuses: the caller looks the name up
+    again and reaches the one that runs; within the TTL no lookup is repeated."""
+    sink = StageServer("sink", lambda: None, Recorder().record, host="127.0.0.1").start()
+    with socket.socket() as gone:  # a port nothing listens on any more
+        gone.bind(("127.0.0.1", 0))
+        dead = gone.getsockname()[1]
+    answers = [[(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", dead))],
+               [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", sink.port))]]
+    lookups: list[str] = []
+
+    def lookup(host: str, *_: object) -> list[tuple[object, ...]]:
+        lookups.append(host)
+        return answers[min(len(lookups), 2) - 1]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    monkeypatch.setattr(pipeline_stage, "_resolved", {})
+    try:
+        deadline = time.monotonic() + 10
+        assert call(("sink", 7000), 1, deadline) == [("sink", pytest.approx(0, abs=5))]
+        assert lookups == ["sink", "sink"], "refused: looked up again"
+        assert call(("sink", 7000), 2, deadline)[0][0] == "sink"
+        assert lookups == ["sink", "sink"], "within the TTL: no new lookup"
+    finally:
+        sink.stop()
