@@ -19,6 +19,11 @@ MAX_FRAME, bad JSON, a peer that stalls mid-frame or past its deadline gets one 
 (where it can still be sent) and its connection closed; past MAX_CONNECTIONS a new
 connection is refused with one, past a full queue a request is, and a next stage that does
 not answer within the deadline makes the request fail, never the stage hang.
+
+Stopped (SIGTERM: Swarm moving or removing a replica), a stage drains: it stops listening
+(a caller's connection is refused and it looks the name up again, reaching another replica)
+and answers every request it has taken, then exits, within DRAIN_S (give the service a
+`--stop-grace-period` longer than that).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import json
 import queue
 import random
+import signal
 import socket
 import struct
 import threading
@@ -42,6 +48,7 @@ QUEUE = 32  # requests waiting for the worker
 IO_TIMEOUT_S = 10.0  # a peer's silence mid-frame, or between requests, before it is dropped
 DEADLINE_S = 60.0  # a request's time in this stage and past it, before it fails
 RESOLVE_TTL_S = 2.0  # how long a next stage's addresses are used before a new lookup
+DRAIN_S = 20.0  # a stopped stage's most time to answer the requests it has taken
 _LENGTH = struct.Struct(">I")
 
 
@@ -198,7 +205,10 @@ class StageServer:
         self._jobs: queue.Queue[_Job] = queue.Queue(QUEUE)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._stopping = threading.Event()
+        self._draining = threading.Event()
         self._lock = threading.Lock()
+        self._taken = 0  # requests read and not yet answered
+        self._answered = threading.Condition(self._lock)
         self._threads = [threading.Thread(target=self._accept, daemon=True),
                          threading.Thread(target=self._serve, daemon=True)]
 
@@ -209,13 +219,29 @@ class StageServer:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._close_listener()
+        for thread in self._threads:
+            thread.join(timeout=IO_TIMEOUT_S)
+
+    def drain(self, within_s: float = DRAIN_S) -> int:
+        """Stop listening, answer every request taken (a connection closes after its
+        answer), then stop; the requests still unanswered after `within_s` (0 normally)."""
+        self._draining.set()
+        self._close_listener()
+        deadline = time.monotonic() + within_s
+        with self._answered:
+            while self._taken and self._answered.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            left = self._taken
+        self.stop()
+        return left
+
+    def _close_listener(self) -> None:
         try:
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone does not
         except OSError:
             pass
         self._listener.close()
-        for thread in self._threads:
-            thread.join(timeout=IO_TIMEOUT_S)
 
     def _refuse(self, reason: str) -> None:
         with self._lock:
@@ -237,7 +263,7 @@ class StageServer:
     def _connection(self, conn: socket.socket) -> None:
         try:
             with conn:
-                while not self._stopping.is_set():
+                while not self._stopping.is_set() and not self._draining.is_set():
                     try:
                         doc = recv_frame(conn, time.monotonic() + IO_TIMEOUT_S,
                                          IO_TIMEOUT_S)
@@ -248,7 +274,14 @@ class StageServer:
                         self._refuse(str(e).split(":")[0])
                         _answer_quietly(conn, {"id": 0, "error": str(e)[:200]})
                         return
-                    send_frame(conn, self._handle(rid))
+                    with self._lock:
+                        self._taken += 1
+                    try:
+                        send_frame(conn, self._handle(rid))
+                    finally:
+                        with self._answered:
+                            self._taken -= 1
+                            self._answered.notify_all()
         except OSError:
             pass  # the peer went away: its request is lost to it alone
         finally:
@@ -321,15 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     infer = build_model(args.model, args.seed)
     infer()  # warm-up, unrecorded
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with Probe.open(args.ring) as probe:
         server = StageServer(args.name, infer, probe.record, args.next, port=args.port).start()
         print(f"stage {args.name} listening on port {server.port}, next "
               f"{[f'{h}:{p}' for h, p in args.next] or 'none'}", flush=True)
         try:
-            threading.Event().wait()
+            stopped.wait()
+            left = server.drain()
+            print(f"stage {args.name} drained"
+                  + (f", {left} requests unanswered after {DRAIN_S:g} s" if left else ""),
+                  flush=True)
         except KeyboardInterrupt:
-            pass
-        finally:
             server.stop()
     return 0
 

@@ -13,7 +13,8 @@ the static busybox and the links /lib, /lib64, /bin into /usr, and each task bin
 of the lab Swarm sees the guest's files). The services use DNS round robin
 (`--endpoint-mode dnsrr`): the engines run without iptables, which Swarm's virtual IPs need;
 each stage looks its next stage's name up (at most every 2 s) and picks one of its tasks
-for each request.
+for each request. A stage stopped (a move, a scale in) drains its requests first:
+its grace period is longer than its drain.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from lab.guest.e2e import VOLUME
 from lab.images import BUSYBOX_FILES, PYTHON_IMAGE, PYTHON_LINKS, python_run
+from lab.pipeline_stage import DRAIN_S
 from lab.shell import wait_for
 from lab.swarm import Swarm
 from lab.swarm_cluster import CONVERGE_S
@@ -34,6 +36,7 @@ PIPELINE = "video"
 STAGES = ("framer", "detector", "analyzer", "recognizer", "uploader")  # Darly's, as a chain
 PORT = 7000
 LOAD = "pipeline-load"
+STAGE_GRACE_S = DRAIN_S + 10.0  # its drain, and the interpreter's exit
 
 
 def stage_labels(stages: Sequence[str], target: str) -> dict[str, dict[str, str]]:
@@ -57,12 +60,13 @@ class PipelineFlow:
         swarm.import_image(PYTHON_IMAGE, BUSYBOX_FILES, PYTHON_LINKS)
         swarm.docker("network", "create", "--driver", "overlay", NETWORK)
 
-    def _python(self, module: str, *args: str, options: Sequence[str] = ()) -> tuple[
-            list[str], list[str]]:
-        """The service options and command that run `python -m module args` in a task."""
+    def _python(self, module: str, *args: str, options: Sequence[str] = (),
+                grace_s: float = 0.0) -> tuple[list[str], list[str]]:
+        """The service options and command that run `python -m module args` in a task,
+        stopped by SIGKILL `grace_s` after its SIGTERM."""
         opts, command = python_run(module, *args)
         return [*opts, "--network", NETWORK, "--endpoint-mode", "dnsrr",
-                "--stop-grace-period", "0s", *options], command
+                "--stop-grace-period", f"{grace_s:g}s", *options], command
 
     def create_stages(self, target: str | None, options: Sequence[str] = (),
                       replicas: int = 1) -> None:
@@ -74,7 +78,7 @@ class PipelineFlow:
             nexts = ["--next", f"{self.stages[i + 1]}:{PORT}"] if i + 1 < len(self.stages) else []
             opts, command = self._python(
                 "lab.pipeline_stage", "--name", name, "--model", self.model,
-                "--port", str(PORT), *nexts,
+                "--port", str(PORT), *nexts, grace_s=STAGE_GRACE_S,
                 options=[*(o for k, v in labels.get(name, {}).items()
                            for o in ("--label", f"{k}={v}")),
                          "--mount", VOLUME, "--update-order", "start-first", *options])

@@ -242,3 +242,40 @@ def test_a_name_is_looked_up_once_per_ttl_and_again_when_its_replica_is_gone(
         assert lookups == ["sink", "sink"], "within the TTL: no new lookup"
     finally:
         sink.stop()
+
+
+def test_a_draining_stage_answers_what_it_took_and_refuses_new_connections() -> None:
+    """Stopped by Swarm (a move), a stage answers the requests it has taken, the one in its
+    worker and those queued, while a new caller's connection is refused at once."""
+    release, working = threading.Event(), threading.Event()
+
+    def work() -> None:
+        working.set()
+        release.wait(120)
+
+    stage = StageServer("moving", work, Recorder().record, host="127.0.0.1").start()
+    answers: list[object] = []
+
+    def send(i: int) -> None:
+        answers.append(call(("127.0.0.1", stage.port), i, time.monotonic() + 300))
+
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for sender in senders:
+        sender.start()
+    deadline = time.monotonic() + 120
+    while stage._taken < 3 and time.monotonic() < deadline:  # all three read
+        time.sleep(0.05)
+    assert working.wait(120) and stage._taken == 3
+    left: list[int] = []
+    drainer = threading.Thread(target=lambda: left.append(stage.drain(within_s=300)))
+    drainer.start()
+    with pytest.raises(ConnectionRefusedError):  # no longer listening, while it drains
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            socket.create_connection(("127.0.0.1", stage.port), timeout=10).close()
+            time.sleep(0.05)
+    assert drainer.is_alive()
+    release.set()
+    for thread in (*senders, drainer):
+        thread.join(timeout=120)
+    assert left == [0] and len(answers) == 3

@@ -20,10 +20,12 @@ import pytest
 from dqoes_cg.cluster.agent import Agent, build_report
 from dqoes_cg.cluster.manager import RESPLIT_S, Manager, stage_label
 from dqoes_cg.cluster.pipelines import MAX_NEXT, MAX_STAGES, declared
+from dqoes_cg.cluster.placement import ALPHA
 from dqoes_cg.cluster.protocol import ContainerReport, ProtocolError, Report, parse
 from dqoes_cg.cluster.server import Server
 from dqoes_cg.cluster.show import format_cluster
-from dqoes_cg.cluster.split import FLOOR_MARGIN, Split, settle, split
+from dqoes_cg.cluster.split import FLOOR_MARGIN, HYSTERESIS, Split, settle, split
+from dqoes_cg.cluster.stage_measures import SMOOTH_S, StageHistory, StageMeasure
 from dqoes_cg.cluster.swarmapi import SwarmService, parse_service
 from dqoes_cg.cluster.view import ClusterView
 from dqoes_cg.duration import parse_duration
@@ -336,7 +338,8 @@ def test_the_manager_pushes_each_stage_its_share_and_nothing_to_a_refused_one() 
     swarm = Swarm()
     now = time.monotonic()
     view = swarm.manager.tick(now)
-    even = {"dqoes.target": "1500000us", "dqoes.metric": "mean"}  # no measurement yet
+    stages_s = 3.0 / (1 + ALPHA)  # the shares' sum: each stage may be at its band's edge
+    even = {"dqoes.target": stage_label(stages_s / 2), "dqoes.metric": "mean"}  # unmeasured
     assert swarm.targets(swarm.node2) == {"cheap": even, "other": {}}
     assert swarm.targets(swarm.node3) == {"dear": even}
     swarm.report(now + 1, {"cheap": 0.01, "dear": 0.09})  # weights 1:9, shares 1:3
@@ -345,8 +348,8 @@ def test_the_manager_pushes_each_stage_its_share_and_nothing_to_a_refused_one() 
     view = swarm.manager.tick(now + RESPLIT_S)
     cheap = parse_duration(swarm.targets(swarm.node2)["cheap"]["dqoes.target"])
     dear = parse_duration(swarm.targets(swarm.node3)["dear"]["dqoes.target"])
-    assert (cheap, dear) == pytest.approx((0.75, 2.25), rel=1e-3)
-    assert cheap + dear <= 3.0
+    assert (cheap, dear) == pytest.approx((stages_s / 4, stages_s * 3 / 4), rel=1e-3)
+    assert cheap + dear <= stages_s
     video = next(p for p in view.pipelines if p.name == "video")
     assert (video.target_s, video.metric, video.measured_s, video.mean_s, video.p95_s,
             video.feasible) == (3.0, "mean", 2.0, 2.0, 3.0, True)
@@ -360,10 +363,19 @@ def test_the_manager_pushes_each_stage_its_share_and_nothing_to_a_refused_one() 
     swarm.report(now + 6, {"cheap": 0.0105, "dear": 0.09})  # noise: held
     swarm.manager.tick(now + 2 * RESPLIT_S)
     assert parse_duration(swarm.targets(swarm.node2)["cheap"]["dqoes.target"]) == cheap
-    swarm.report(now + 11, {"cheap": 0.09, "dear": 0.09})  # interference on cheap: re-split
-    swarm.manager.tick(now + 3 * RESPLIT_S)
-    assert swarm.targets(swarm.node2)["cheap"] == swarm.targets(swarm.node3)["dear"] == {
-        "dqoes.target": "1500000us", "dqoes.metric": "mean"}
+    # interference on cheap: re-split as its work's mean over SMOOTH_S moves
+    moved = now + 2 * RESPLIT_S
+    while moved < now + 2 * RESPLIT_S + SMOOTH_S + RESPLIT_S:
+        moved += RESPLIT_S
+        swarm.report(moved - 1, {"cheap": 0.09, "dear": 0.09})
+        swarm.manager.tick(moved)
+        if moved < now + 3 * RESPLIT_S + 1:  # a window's rise moves the mean a quarter
+            assert parse_duration(swarm.targets(swarm.node2)["cheap"]["dqoes.target"]) \
+                < stages_s / 2
+    # alike now, within the split's hysteresis (a share is held until it moves by more)
+    for node, name in ((swarm.node2, "cheap"), (swarm.node3, "dear")):
+        assert parse_duration(swarm.targets(node)[name]["dqoes.target"]) == \
+            pytest.approx(stages_s / 2, rel=HYSTERESIS)
 
 
 def test_a_stage_target_reaches_the_nodes_dqoesd_through_its_agent(tmp_path: Path) -> None:
@@ -393,9 +405,28 @@ def test_a_stage_target_reaches_the_nodes_dqoesd_through_its_agent(tmp_path: Pat
         agent.close()
         dqoesd.close()
         server.close()
-    assert dqoesd.labels[swarm.ids["cheap"]] == {"dqoes.target": "1500000us",
-                                                 "dqoes.metric": "mean"}
+    assert dqoesd.labels[swarm.ids["cheap"]] == {
+        "dqoes.target": stage_label(3.0 / (1 + ALPHA) / 2), "dqoes.metric": "mean"}
     assert dqoesd.labels[swarm.ids["other"]] == {}, "a refused pipeline's stage: no target"
+
+
+def test_a_stages_rate_and_work_are_their_means_over_the_last_smooth_s() -> None:
+    history = StageHistory()
+
+    def measured(now: float, rate: float | None, work: float | None) -> StageMeasure:
+        (m,) = history.smoothed(now, {"s": StageMeasure(work, rate, 0.5, 0.5, 0.9)}).values()
+        return m
+
+    assert measured(0.0, None, None).rate_hz is None, "nothing measured yet"
+    assert measured(1.0, 2.0, 0.1) == StageMeasure(0.1, 2.0, 0.5, 0.5, 0.9)
+    quiet = measured(2.0, 0.0, None)  # a window without a request counts as a zero rate
+    assert (quiet.rate_hz, quiet.work_s) == (1.0, 0.1)
+    later = measured(3.0, 1.0, 0.4)  # work: the CPU over the windows' requests
+    assert (later.rate_hz, later.work_s) == pytest.approx((1.0, (0.2 + 0.4) / 3))
+    gone = measured(3.0 + SMOOTH_S + 0.5, 4.0, 0.05)  # only the last SMOOTH_S count
+    assert (gone.rate_hz, gone.work_s) == pytest.approx((4.0, 0.05))
+    history.smoothed(40.0, {})
+    assert history.windows == {}, "a stage gone is forgotten"
 
 
 def test_cluster_status_shows_each_pipeline_and_a_refused_one() -> None:
@@ -410,10 +441,11 @@ def test_cluster_status_shows_each_pipeline_and_a_refused_one() -> None:
     video = next(line for line in lines if line.startswith("video "))
     assert video.split()[:6] == ["video", "3.00s", "mean", "2.00s", "2.00s", "3.00s"]
     cheap = next(line for line in lines if line.startswith("video/cheap"))
-    assert cheap.split()[:8] == ["video/cheap", "dear", "25%", "750.0ms", "1.00s", "1",
+    # the shares of the target add up to 1 / (1 + ALPHA) of it: the rest is their bands'
+    assert cheap.split()[:8] == ["video/cheap", "dear", "23%", "681.8ms", "1.00s", "1",
                                  "node2", "S"]
     dear = next(line for line in lines if line.startswith("video/dear"))
-    assert dear.split()[1:3] == ["-", "75%"]
+    assert dear.split()[1:3] == ["-", "68%"]
     broken = next(line for line in lines if line.startswith("broken "))
     assert "refused, unmanaged: no stage has dqoes.pipeline.target" in broken
     assert ClusterView.from_json(json.loads(json.dumps(view.to_json()))) == view

@@ -181,6 +181,19 @@ def test_a_replica_on_a_nearly_taken_node_moves_rather_than_the_stage_scaling_fa
     assert plan(Scaler(), 0.0, kept) == ()
 
 
+def test_a_lone_replica_gets_a_second_rather_than_a_move_unless_a_move_saves_two() -> None:
+    # at 0.8 CPU its node makes the stage need 1.33 replicas; at the roomiest node (1 CPU)
+    # one would do: a move saves one replica, a second replica is the surer way
+    near = stage(8.0, cpus=0.8, room={"big": 1.0})
+    (out,) = plan(Scaler(), 0.0, near)
+    assert (out.replicas, out.move_from, out.prefer) == (2, None, ("big",))
+    # at 0.55 CPU it would need 8: moving it to the roomiest node saves seven
+    (move,) = plan(Scaler(), 0.0, replace(near, replica_cpus={"n0": 0.55}))
+    assert (move.replicas, move.move_from, move.prefer) == (1, "n0", ("big",))
+    assert move.why.startswith("moving a replica off its node: at 0.55 CPU there the stage "
+                               "needs 8.00 replicas, 0.80 on the roomiest node")
+
+
 def test_when_the_floors_fill_the_target_and_none_is_that_busy_only_the_busiest_scales(
         ) -> None:
     # neither is busier than split.RHO_MAX a replica: scaling the light framer to its

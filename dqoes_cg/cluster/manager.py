@@ -52,10 +52,11 @@ from . import swarmapi
 from .actions import SwarmActions, Update
 from .pace import Pace
 from .pipelines import Pipeline, Refused, declared
-from .placement import PlacementParams
+from .placement import ALPHA, PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
 from .split import Split, settle, split
+from .stage_measures import StageHistory, critical_sum, stage_measurements
 from .swarmapi import Snapshot, SwarmReader, SwarmTask
 from .view import (
     ClusterView,
@@ -190,6 +191,7 @@ class Manager:
         self._pipelines: list[Pipeline] = []
         self._refused: list[Refused] = []
         self._splits: dict[Pipeline, tuple[float, Split]] = {}  # each one's: when made, held
+        self._history = StageHistory()  # the stages' rates and works, for splits and scaling
         self._view: ClusterView | None = None
         self._quiet: dict[str, float] = {}  # placement refusals logged, and when
         self._per_node = RateLimitedLog(log)  # a node chooses how many claims it refuses
@@ -424,15 +426,22 @@ class Manager:
         every RESPLIT_S (and held while no share moves by more than split.HYSTERESIS), and
         its view."""
         views = []
-        for p in self._pipelines:
-            of_stage = [[tasks[i] for i in index.of_service.get(st.service_id, ())]
-                        for st in p.stages]
-            measures = [stage_measurements(ts) for ts in of_stage]
+        of_stages = {p: [[tasks[i] for i in index.of_service.get(st.service_id, ())]
+                         for st in p.stages] for p in self._pipelines}
+        smoothed = self._history.smoothed(now, {
+            st.service_id: stage_measurements(ts)
+            for p, of_stage in of_stages.items()
+            for st, ts in zip(p.stages, of_stage, strict=True)})
+        for p, of_stage in of_stages.items():
+            measures = [smoothed[st.service_id] for st in p.stages]
             replicas = [sum(1 for t in ts if t.state == "running") for ts in of_stage]
             made, held = self._splits.get(p, (-math.inf, None))
             if held is None or now - made >= RESPLIT_S:
-                proposed = split(p.target_s, p.paths, [m.work_s for m in measures],
-                                 [m.rate_hz for m in measures], replicas)
+                # split so that its stages add up to the target at their bands' slow edges,
+                # where a stage the nodes hold in S may sit
+                proposed = split(p.target_s / (1.0 + ALPHA), p.paths,
+                                 [m.work_s for m in measures], [m.rate_hz for m in measures],
+                                 replicas)
                 made, before, held = now, held, settle(held, proposed)
                 if held is not before:
                     log.info("pipeline %s: stage targets %s%s", p.name, ", ".join(
@@ -535,37 +544,3 @@ def stage_label(target_s: float) -> str:
     """A stage's share as a dqoes.target value: whole microseconds, rounded down so that the
     shares along a path never add up to more than the pipeline's target."""
     return f"{max(1, math.floor(target_s * 1e6))}us"
-
-
-@dataclass(frozen=True)
-class StageMeasure:
-    """A stage's measurements over its tasks' reports (None: no task measured it)."""
-
-    work_s: float | None  # CPU-seconds per request
-    rate_hz: float | None  # requests a second, all its tasks together
-    measured_s: float | None  # latency in its target's metric, the mean over its tasks
-    mean_s: float | None  # mean latency, over its tasks
-    p95_s: float | None  # p95 latency, the mean over its tasks
-
-
-def stage_measurements(tasks: list[TaskView]) -> StageMeasure:
-    rates = [t.rate_hz for t in tasks if t.rate_hz is not None]
-    used = [t.window_usage_cores for t in tasks
-            if t.rate_hz is not None and t.window_usage_cores is not None]
-    rate = sum(rates) if rates else None
-    return StageMeasure(sum(used) / rate if rate and len(used) == len(rates) else None, rate,
-                        _mean([t.measured_s for t in tasks]), _mean([t.mean_s for t in tasks]),
-                        _mean([t.p95_s for t in tasks]))
-
-
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
-
-
-def critical_sum(paths: tuple[tuple[int, ...], ...], values: list[float | None]
-                 ) -> float | None:
-    """The largest sum of `values` along a path; None if any value is unknown."""
-    if any(v is None for v in values):
-        return None
-    return max(sum(values[i] or 0.0 for i in path) for path in paths)

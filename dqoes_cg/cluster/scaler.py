@@ -26,7 +26,11 @@ Rule, per stage, every `interval_s`:
   one replica;
 - a move instead when the slowest replica's CPU is little more than s/L (need grows as
   1 / (c - s/L): the stage would be scaled far out, and kept there, for one replica's node)
-  and the rest of the stage with a node with room would head for fewer replicas;
+  and the rest of the stage with a node with room would head for fewer replicas; a lone
+  replica moves only if at the roomiest node it would head for LONE_MOVE_SAVES fewer: its
+  move is the whole stage restarting elsewhere (start-first, drained, but a new process on a
+  node whose load may have changed meanwhile), so for one replica's difference a second
+  replica is the surer way;
 - nothing while its measurements are missing or not finite, its rate is zero, Swarm is
   updating the service or its running tasks are not the count it asks for (a scale or a move
   in flight), or within `hold_s` of its last action (the nodes' windows must see the new
@@ -51,6 +55,7 @@ from .split import RHO_MAX
 
 MAX_REPLICA_CPUS = 1.0  # a replica serves its requests one at a time (split.py's floor)
 UNIT_S = 60.0  # the actions cap's window
+LONE_MOVE_SAVES = 2  # a lone replica moves instead of a scale out if that saves this many
 
 
 @dataclass(frozen=True)
@@ -210,15 +215,18 @@ class Scaler:
         # scaled far out (need grows as 1 / (c - s/L)) and kept there: moving that replica
         # does with fewer when the rest of the stage and a node with room need fewer
         rest = [min(c, MAX_REPLICA_CPUS) for n, c in stage.replica_cpus.items() if n != slowest]
-        after = need(s, lam, share, min(rest)) if rest else 0.0
+        roomiest = max((c for c in stage.room_cpus.values() if math.isfinite(c)), default=0.0)
+        after = need(s, lam, share, min(rest) if rest else min(roomiest, MAX_REPLICA_CPUS))
+        saves = 1 if rest else LONE_MOVE_SAVES
         if after is not None and math.isfinite(after) \
-                and self._count(after, asked) < self._count(needed, asked):
+                and self._count(after, asked) + saves <= self._count(needed, asked):
             room = self._room(stage, s / share + lam * s / max(replicas_for(after), asked))
             if room:
                 self.below.pop(stage.service_id, None)
                 return Decision(pipeline, stage.service_id, stage.name, asked, room, slowest,
                                 f"moving a replica off its node: at {cpus:.2f} CPU there the "
-                                f"stage needs {needed:.2f} replicas, {after:.2f} without it "
+                                f"stage needs {needed:.2f} replicas, {after:.2f} "
+                                f"{'without it' if rest else 'on the roomiest node'} "
                                 f"({figures})")
         if wanted > asked:
             self.below.pop(stage.service_id, None)
