@@ -352,12 +352,19 @@ def main(argv: list[str] | None = None) -> int:
                    "probe's default path)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    infer = build_model(args.model, args.seed)
-    infer()  # warm-up, unrecorded
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    model: list[Callable[[], object]] = []
     with Probe.open(args.ring) as probe:
-        server = StageServer(args.name, infer, probe.record, args.next, port=args.port).start()
+        # Listening before the model loads (seconds, on an emulated CPU): Swarm counts a
+        # task as running, and its name resolves to it, from its start, so a caller's
+        # connection waits in the backlog until it serves instead of being refused.
+        server = StageServer(args.name, lambda: model[0](), probe.record, args.next,
+                             port=args.port)
+        infer = build_model(args.model, args.seed)
+        infer()  # warm-up, unrecorded
+        model.append(infer)
+        server.start()
         print(f"stage {args.name} listening on port {server.port}, next "
               f"{[f'{h}:{p}' for h, p in args.next] or 'none'}", flush=True)
         try:

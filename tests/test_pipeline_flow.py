@@ -279,3 +279,17 @@ def test_a_draining_stage_answers_what_it_took_and_refuses_new_connections() -> 
     for thread in (*senders, drainer):
         thread.join(timeout=120)
     assert left == [0] and len(answers) == 3
+
+
+def test_a_stage_listens_from_its_construction_and_serves_once_started() -> None:
+    """A stage's main builds it before its model loads: a caller that connects meanwhile (a
+    new replica's name resolves from its start) waits in the backlog, and is served."""
+    stage = StageServer("loading", lambda: None, Recorder().record, host="127.0.0.1")
+    try:
+        with socket.create_connection(("127.0.0.1", stage.port), timeout=60) as early:
+            pipeline_stage.send_frame(early, {"id": 7})
+            stage.start()
+            assert recv_frame(early, time.monotonic() + 120) == {
+                "id": 7, "hops": [["loading", pytest.approx(0, abs=60)]]}
+    finally:
+        stage.stop()

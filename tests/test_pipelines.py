@@ -25,7 +25,12 @@ from dqoes_cg.cluster.protocol import ContainerReport, ProtocolError, Report, pa
 from dqoes_cg.cluster.server import Server
 from dqoes_cg.cluster.show import format_cluster
 from dqoes_cg.cluster.split import FLOOR_MARGIN, HYSTERESIS, Split, settle, split
-from dqoes_cg.cluster.stage_measures import SMOOTH_S, StageHistory, StageMeasure
+from dqoes_cg.cluster.stage_measures import (
+    MIN_REQUESTS,
+    SMOOTH_S,
+    StageHistory,
+    StageMeasure,
+)
 from dqoes_cg.cluster.swarmapi import SwarmService, parse_service
 from dqoes_cg.cluster.view import ClusterView
 from dqoes_cg.duration import parse_duration
@@ -342,7 +347,8 @@ def test_the_manager_pushes_each_stage_its_share_and_nothing_to_a_refused_one() 
     even = {"dqoes.target": stage_label(stages_s / 2), "dqoes.metric": "mean"}  # unmeasured
     assert swarm.targets(swarm.node2) == {"cheap": even, "other": {}}
     assert swarm.targets(swarm.node3) == {"dear": even}
-    swarm.report(now + 1, {"cheap": 0.01, "dear": 0.09})  # weights 1:9, shares 1:3
+    # weights 1:9, shares 1:3; at 4 requests a second, past MIN_REQUESTS by the next split
+    swarm.report(now + 1, {"cheap": 0.01, "dear": 0.09}, rate=4.0)
     swarm.manager.tick(now + 1)
     assert swarm.targets(swarm.node2)["cheap"] == even, "made again only every RESPLIT_S"
     view = swarm.manager.tick(now + RESPLIT_S)
@@ -356,7 +362,7 @@ def test_the_manager_pushes_each_stage_its_share_and_nothing_to_a_refused_one() 
     assert [(s.name, s.next, s.replicas, s.nodes, s.classes) for s in video.stages] == [
         ("cheap", ("dear",), 1, ("node2",), ("S",)), ("dear", (), 1, ("node3",), ("S",))]
     assert video.stages[1].work_s == pytest.approx(0.09)
-    assert video.stages[1].rate_hz == pytest.approx(2.0)
+    assert video.stages[1].rate_hz == pytest.approx(4.0)
     broken = next(p for p in view.pipelines if p.name == "broken")
     assert broken.error == "no stage has dqoes.pipeline.target" and broken.stages == ()
 
@@ -418,13 +424,15 @@ def test_a_stages_rate_and_work_are_their_means_over_the_last_smooth_s() -> None
         return m
 
     assert measured(0.0, None, None).rate_hz is None, "nothing measured yet"
-    assert measured(1.0, 2.0, 0.1) == StageMeasure(0.1, 2.0, 0.5, 0.5, 0.9)
-    quiet = measured(2.0, 0.0, None)  # a window without a request counts as a zero rate
-    assert (quiet.rate_hz, quiet.work_s) == (1.0, 0.1)
-    later = measured(3.0, 1.0, 0.4)  # work: the CPU over the windows' requests
-    assert (later.rate_hz, later.work_s) == pytest.approx((1.0, (0.2 + 0.4) / 3))
-    gone = measured(3.0 + SMOOTH_S + 0.5, 4.0, 0.05)  # only the last SMOOTH_S count
-    assert (gone.rate_hz, gone.work_s) == pytest.approx((4.0, 0.05))
+    first = measured(1.0, 6.0, 0.1)
+    assert (first.rate_hz, first.work_s) == (6.0, None), f"under {MIN_REQUESTS} requests"
+    assert measured(3.0, 6.0, 0.1) == StageMeasure(pytest.approx(0.1), 6.0, 0.5, 0.5, 0.9)
+    quiet = measured(4.0, 0.0, None)  # a window without a request counts as a zero rate
+    assert (quiet.rate_hz, quiet.work_s) == pytest.approx((4.0, 0.1))
+    later = measured(5.0, 2.0, 0.4)  # work: the CPU over the windows' requests
+    assert (later.rate_hz, later.work_s) == pytest.approx((3.5, (0.6 + 0.6 + 0.8) / 14))
+    gone = measured(3.5 + SMOOTH_S, 4.0, 0.05)  # only the last SMOOTH_S count
+    assert (gone.rate_hz, gone.work_s) == pytest.approx((2.0, (0.8 + 0.2) / 6))
     history.smoothed(40.0, {})
     assert history.windows == {}, "a stage gone is forgotten"
 
@@ -433,8 +441,9 @@ def test_cluster_status_shows_each_pipeline_and_a_refused_one() -> None:
     swarm = Swarm()
     now = time.monotonic()
     swarm.manager.tick(now)
-    swarm.report(now, {"cheap": 0.01, "dear": 0.09})
-    view = swarm.manager.tick(now + RESPLIT_S)
+    swarm.report(now, {"cheap": 0.01, "dear": 0.09}, rate=4.0)
+    swarm.manager.tick(now + 1)
+    view = swarm.manager.tick(now + RESPLIT_S)  # past MIN_REQUESTS
     text = format_cluster(view)
     assert "PIPELINE" in text
     lines = text.splitlines()

@@ -146,12 +146,13 @@ def pipeline_load(env: PipelineEnv, name: str, shares: Split, stages: Sequence[s
                   ) -> PipelineLoad:
     """The env's pipeline as the scaler reads it (stage i's service ID is NAME/i, a node's
     str(n)): each stage's work, rate, share of Lt, the CPU its replicas have and a new one
-    could have on each node."""
+    could have on each node, its latency in the last window."""
     p = env.params
     return PipelineLoad(name, tuple(
         StageLoad(f"{name}/{s}", stages[s], int(env.placement[s].sum()), p.work_s[s], env.rate,
                   shares.stage_s[s], {str(n): c for n, c in env.replica_cpus(s).items()},
-                  {str(n): c for n, c in env.room_cpus(s).items()})
+                  {str(n): c for n, c in env.room_cpus(s).items()},
+                  latency_s=env.obs.stage_latency_s[s] if env.obs else None)
         for s in range(env.stages)), shares.feasible)
 
 

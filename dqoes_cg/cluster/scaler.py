@@ -12,7 +12,10 @@ It holds the stage's share L of the end-to-end target when
 so the stage needs max(1, ⌈need⌉) replicas. c is the CPU its slowest replica can have on
 its node (what the node's dqoesd budget leaves after the node's other containers, shared by
 the stage's replicas there, at most MAX_REPLICA_CPUS: the split's floor counts one CPU a
-replica), since every replica gets the same λ/r. When c <= s/L no count helps: that
+replica), since every replica gets the same λ/r; or, where the stage misses its share, the
+CPU its replicas had by the same model at the latency measured, s/p + λs/r, if less: what
+a node's budget does not show (work beside the containers dqoesd holds, an injector's hog,
+the node slowing down) shows there. When c <= s/L no count helps: that
 replica's node is taken, and the replica moves to a node with room for it (a start-first
 rolling update: its replacement runs before it stops).
 
@@ -31,6 +34,11 @@ Rule, per stage, every `interval_s`:
   move is the whole stage restarting elsewhere (start-first, drained, but a new process on a
   node whose load may have changed meanwhile), so for one replica's difference a second
   replica is the surer way;
+- out or a move only while the stage misses its share (its latency, as its nodes measured it
+  in their last windows, over L) or that latency is unknown: the model's CPU per replica is
+  the node's budget less its other containers' use, and a request shorter than its cap's
+  quota in a period runs at a whole CPU, so a stage the model finds short of CPU may well
+  hold its share, and on the testbed such moves chased each other from node to node;
 - nothing while its measurements are missing or not finite, its rate is zero, Swarm is
   updating the service or its running tasks are not the count it asks for (a scale or a move
   in flight), or within `hold_s` of its last action (the nodes' windows must see the new
@@ -89,6 +97,7 @@ class StageLoad:
     room_cpus: Mapping[str, float]  # node ID: what a new replica could have there (the
     #                                 ready, active nodes it does not run on)
     busy: str | None = None  # why it must not be scaled now (Swarm updating it, ...)
+    latency_s: float | None = None  # as measured, in its target's metric (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,7 @@ class Scaler:
             self.below.pop(stage.service_id, None)
             return None
         slowest = min(stage.replica_cpus, key=lambda n: stage.replica_cpus[n])
-        cpus = min(stage.replica_cpus[slowest], MAX_REPLICA_CPUS)
+        cpus = min(stage.replica_cpus[slowest], MAX_REPLICA_CPUS, _had(stage))
         needed = need(stage.work_s, stage.rate_hz, stage.target_s, cpus)
         if needed is None:
             self.below.pop(stage.service_id, None)
@@ -201,6 +210,8 @@ class Scaler:
         assert s is not None and lam is not None and share is not None  # need() checked
         figures = (f"rate {lam:.2f}/s, work {s * 1e3:.1f} ms, share {share * 1e3:.0f} ms, "
                    f"{cpus:.2f} CPU a replica")
+        if stage.latency_s is not None and stage.latency_s <= share:  # it holds: in at most
+            return self._scale_in(pipeline, stage, min(needed, asked), figures)
         if math.isinf(needed):
             self.below.pop(stage.service_id, None)
             # where a replica at the present count could hold the share
@@ -234,6 +245,13 @@ class Scaler:
                             self._room(stage, s / share + lam * s / wanted), None,
                             f"scaling out {asked} -> {wanted}: needs {needed:.2f} replicas "
                             f"({figures})")
+        return self._scale_in(pipeline, stage, needed, figures)
+
+    def _scale_in(self, pipeline: str, stage: StageLoad, needed: float, figures: str
+                  ) -> Decision | None:
+        """In by one once `needed` left r - 1 replicas the margin scale_in_evaluations
+        times in a row (the count kept up to date)."""
+        asked = stage.asked or 1
         if asked > 1 and needed <= (1.0 - self.params.scale_in_margin) * (asked - 1):
             count = self.below[stage.service_id] = self.below.get(stage.service_id, 0) + 1
             if count >= self.params.scale_in_evaluations:
@@ -258,6 +276,16 @@ class Scaler:
             return ()
         return tuple(sorted(n for n, c in stage.room_cpus.items()
                             if math.isfinite(c) and min(c, MAX_REPLICA_CPUS) >= cpus))
+
+
+def _had(stage: StageLoad) -> float:
+    """The CPU a replica of a stage that misses its share had, by the model, at the latency
+    measured: s/p + λs/r (math.inf: it holds its share, or that is unknown)."""
+    known = (stage.work_s, stage.rate_hz, stage.asked, stage.target_s, stage.latency_s)
+    if any(v is None or not math.isfinite(v) or v <= 0 for v in known):
+        return math.inf
+    s, lam, r, share, p = known
+    return s / p + lam * s / r if p > share else math.inf  # type: ignore[operator]
 
 
 def _filling(stages: Sequence[StageLoad]) -> set[str]:

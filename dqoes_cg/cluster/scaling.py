@@ -58,7 +58,7 @@ def _stages(view: ClusterView, pipeline: PipelineView) -> tuple[StageLoad, ...]:
         stages.append(StageLoad(st.service_id, st.name,
                                 service.replicas if service and service.mode == "replicated"
                                 else None, st.work_s, st.rate_hz, st.target_s, replica_cpus,
-                                room, busy(service)))
+                                room, busy(service), st.measured_s))
     return tuple(stages)
 
 

@@ -5,8 +5,10 @@ A node's window is a second or two: a stage at half a request a second sees none
 of them, and one window's rate reads 0 to 2.5 requests a second for a load of 1.2. The split
 and the scaler act on tens of seconds (the scaler holds a stage it acted on 30 s), so they
 read each stage's rate as the mean of its windows' over SMOOTH_S (a window without a request
-counts, as a zero) and its work per request as the CPU over those windows' requests; its
-latencies stay the last window's, as the nodes report them.
+counts, as a zero) and its work per request as the CPU over those windows' requests, once
+they are MIN_REQUESTS or more (a stage's first requests, a new replica's, cost up to three
+times the rest: its model warming up); its latencies stay the last window's, as the nodes
+report them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from .view import TaskView
 
 SMOOTH_S = 30.0  # a stage's rate and work: their mean over this long
+MIN_REQUESTS = 10  # a stage's work per request is taken from this many requests at least
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,12 @@ class StageHistory:
             while kept and now - kept[0][0] > self.span_s:
                 kept.popleft()
             rates = [rate for _, rate, _ in kept]
+            mean_rate = sum(rates) / len(rates) if rates else None
             served = [(rate, work) for _, rate, work in kept if rate > 0 and work is not None]
-            requests = sum(rate for rate, _ in served)
+            weight = sum(rate for rate, _ in served)
+            seen = (mean_rate or 0.0) * (now - kept[0][0]) if kept else 0.0
             out[service_id] = replace(
-                m, rate_hz=sum(rates) / len(rates) if rates else None,
-                work_s=sum(rate * work for rate, work in served) / requests if requests
-                else None)
+                m, rate_hz=mean_rate,
+                work_s=sum(rate * work for rate, work in served) / weight
+                if weight and seen >= MIN_REQUESTS else None)
         return out
