@@ -141,13 +141,17 @@ def _resolve(address: tuple[str, int]) -> list[Any]:
 
 def _connect(address: tuple[str, int], deadline: float) -> socket.socket:
     """A connection to one of the name's addresses, at random. A refused one (a replica
-    gone since the lookup: a move, a scale in) drops the cached addresses and tries once
-    more after a new lookup, as a client that retries another endpoint does."""
+    gone since the lookup, or one that Swarm runs and its DNS names before its process
+    listens: a move, a scale out or in) drops the cached addresses and tries once more,
+    after a new lookup, one of the others, as a client that retries another endpoint does."""
+    first = random.choice(_resolve(address))
     try:
-        return _open(random.choice(_resolve(address)), deadline)
+        return _open(first, deadline)
     except OSError:
         _resolved.pop(address, None)
-    return _open(random.choice(_resolve(address)), deadline)
+    infos = _resolve(address)
+    others = [info for info in infos if info[4] != first[4]]
+    return _open(random.choice(others or infos), deadline)
 
 
 def _open(info: Any, deadline: float) -> socket.socket:
@@ -339,12 +343,11 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     from dqoes_cg.probe import Probe
-    from lab.workload import MODELS, build_model
 
     p = argparse.ArgumentParser(prog="python -m lab.pipeline_stage", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True, help="this stage's name (in the answers' hops)")
-    p.add_argument("--model", choices=sorted(MODELS), default="micro")
+    p.add_argument("--model", default="micro", help="one of lab.workload's MODELS")
     p.add_argument("--port", type=int, default=7000)
     p.add_argument("--next", type=parse_address, action="append", default=[],
                    metavar="NAME:PORT", help="a next stage (repeat to fan out; none: a sink)")
@@ -361,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         # connection waits in the backlog until it serves instead of being refused.
         server = StageServer(args.name, lambda: model[0](), probe.record, args.next,
                              port=args.port)
+        from lab.workload import MODELS, build_model  # numpy: seconds to import, emulated
+
+        if args.model not in MODELS:
+            p.error(f"--model: one of {', '.join(sorted(MODELS))}")
         infer = build_model(args.model, args.seed)
         infer()  # warm-up, unrecorded
         model.append(infer)

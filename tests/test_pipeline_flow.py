@@ -5,6 +5,7 @@ injector's schedule (lab/injector.py)."""
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import threading
@@ -293,3 +294,22 @@ def test_a_stage_listens_from_its_construction_and_serves_once_started() -> None
                 "id": 7, "hops": [["loading", pytest.approx(0, abs=60)]]}
     finally:
         stage.stop()
+
+
+def test_a_refused_replica_is_not_tried_again_when_the_name_has_another(
+        monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Swarm names a new replica before its process listens (and an old one until it is
+    gone): the retry after a refusal takes one of the name's other addresses."""
+    sink = StageServer("sink", lambda: None, Recorder().record, host="127.0.0.1").start()
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        dead = gone.getsockname()[1]
+    both = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))
+            for port in (dead, sink.port)]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *_: both)
+    monkeypatch.setattr(pipeline_stage, "_resolved", {})
+    monkeypatch.setattr(random, "choice", lambda seq: seq[0])  # the refused one first
+    try:
+        assert call(("sink", 7000), 1, time.monotonic() + 60)[0][0] == "sink"
+    finally:
+        sink.stop()
