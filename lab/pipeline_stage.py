@@ -21,8 +21,8 @@ connection is refused with one, past a full queue a request is, and a next stage
 not answer within the deadline makes the request fail, never the stage hang.
 
 Stopped (SIGTERM: Swarm moving or removing a replica), a stage drains: it stops listening
-(a caller's connection is refused and it looks the name up again, reaching another replica)
-and answers every request it has taken, then exits, within DRAIN_S (give the service a
+(a caller's connection is refused and it retries another of the name's addresses) and
+answers every request it has taken, then exits, within DRAIN_S (give the service a
 `--stop-grace-period` longer than that).
 """
 
@@ -357,12 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    model: list[Callable[[], object]] = []
     with Probe.open(args.ring) as probe:
         # Listening before the model loads (seconds, on an emulated CPU): Swarm counts a
         # task as running, and its name resolves to it, from its start, so a caller's
         # connection waits in the backlog until it serves instead of being refused.
-        server = StageServer(args.name, lambda: model[0](), probe.record, args.next,
+        server = StageServer(args.name, lambda: None, probe.record, args.next,
                              port=args.port)
         from lab.workload import MODELS, build_model  # numpy: seconds to import, emulated
 
@@ -370,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--model: one of {', '.join(sorted(MODELS))}")
         infer = build_model(args.model, args.seed)
         infer()  # warm-up, unrecorded
-        model.append(infer)
+        server.work = infer  # before start(): no request is served until then
         server.start()
         print(f"stage {args.name} listening on port {server.port}, next "
               f"{[f'{h}:{p}' for h, p in args.next] or 'none'}", flush=True)
