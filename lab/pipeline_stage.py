@@ -8,9 +8,13 @@ before it once every next stage answered.
 
 The wire (tcp, one request at a time per connection, a connection may carry many): a frame
 is a 4-byte big-endian length and that many bytes of JSON, at most MAX_FRAME. A request is
-{"id": N}; its answer {"id": N, "hops": [[stage, seconds], ...]}: each stage's own latency,
-from its receipt of the request to its work done (its queue included, what its ring gets),
-this stage's first, then its next stages'; or {"id": N, "error": "one line"}.
+{"id": N}; its answer {"id": N, "hops": [[stage, seconds], ...]}: each stage's latency, this
+stage's first, then its next stages'; or {"id": N, "error": "one line"}. A stage's latency,
+what its ring gets, is its receipt of the request to its work done (its queue included) plus
+what forwarding it took beyond its next stages' own latencies (connecting, sending, the
+answer's way back): along a chain the stages' latencies add up to the first stage's
+receipt-to-answer, so the time between stages, which no node would measure otherwise, is in
+the shares of the target the stages are held to.
 
 A next stage's name is looked up at most every RESOLVE_TTL_S and one of its addresses taken
 at random for each request: on Swarm, with `--endpoint-mode dnsrr`, that spreads the
@@ -187,7 +191,7 @@ class _Job:
     received: float  # time.monotonic() when its frame was read
     done: threading.Event = field(default_factory=threading.Event)
     abandoned: bool = False  # its connection gave up waiting: the worker skips it
-    latency_s: float = 0.0
+    latency_s: float = 0.0  # its receipt to its work done
 
 
 class StageServer:
@@ -303,13 +307,18 @@ class StageServer:
         if not job.done.wait(self.deadline_s):
             job.abandoned = True
             return {"id": rid, "error": f"{self.name}: not served within {self.deadline_s} s"}
-        hops = [(self.name, job.latency_s)]
-        try:
-            for address in self.next_stages:
-                hops += call(address, rid, deadline)
-        except (OSError, TimeoutError, FrameError) as e:
-            return {"id": rid, "error": f"{self.name} -> {e}"[:200]}
-        return {"id": rid, "hops": hops[:MAX_HOPS]}
+        latency, after = job.latency_s, []
+        for address in self.next_stages:
+            started = time.monotonic()
+            try:
+                answered = call(address, rid, deadline)
+            except (OSError, TimeoutError, FrameError) as e:
+                self.record(latency + time.monotonic() - started)
+                return {"id": rid, "error": f"{self.name} -> {e}"[:200]}
+            latency += max(0.0, time.monotonic() - started - sum(s for _, s in answered))
+            after += answered
+        self.record(latency)
+        return {"id": rid, "hops": [(self.name, latency), *after][:MAX_HOPS]}
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -321,7 +330,6 @@ class StageServer:
                 continue
             self.work()
             job.latency_s = time.monotonic() - job.received
-            self.record(job.latency_s)
             job.done.set()
 
 

@@ -126,6 +126,34 @@ def test_a_next_stage_that_never_answers_fails_the_request_within_its_deadline()
         silent.close()
 
 
+def test_a_stages_latency_holds_the_time_its_forwarding_took_beyond_the_next_stages() -> None:
+    """The time between stages (here a next stage that answers 0.5 s after it took the
+    request while its hops say 0.1 s) is in the forwarding stage's latency, so the stages'
+    latencies add up to the first stage's receipt-to-answer."""
+    slow = socket.create_server(("127.0.0.1", 0))
+
+    def answer_late() -> None:
+        conn, _ = slow.accept()
+        with conn:
+            doc = recv_frame(conn, time.monotonic() + 60)
+            time.sleep(0.5)  # the way there and back, as the forwarding stage sees it
+            pipeline_stage.send_frame(conn, {"id": doc["id"] if doc else 0,
+                                             "hops": [["sink", 0.1]]})
+
+    threading.Thread(target=answer_late, daemon=True).start()
+    recorder = Recorder()
+    stage = StageServer("first", lambda: None, recorder.record,
+                        [("127.0.0.1", slow.getsockname()[1])], host="127.0.0.1").start()
+    try:
+        hops = call(("127.0.0.1", stage.port), 1, time.monotonic() + 120)
+    finally:
+        stage.stop()
+        slow.close()
+    assert [s for s, _ in hops] == ["first", "sink"]
+    assert recorder.latencies == [hops[0][1]]
+    assert hops[0][1] >= 0.4
+
+
 def test_a_full_queue_refuses_requests_and_the_others_are_served() -> None:
     release = threading.Event()
     stage = StageServer("slow", lambda: release.wait(120), Recorder().record,

@@ -19,6 +19,15 @@ import pytest
 
 from dqoes_cg.cluster.agent import Agent, build_report
 from dqoes_cg.cluster.manager import RESPLIT_S, Manager, stage_label
+from dqoes_cg.cluster.pipeline_budget import (
+    BAND,
+    CEILING,
+    GOAL,
+    GROW,
+    LEAST,
+    SETTLE_S,
+    PipelineBudget,
+)
 from dqoes_cg.cluster.pipelines import MAX_NEXT, MAX_STAGES, declared
 from dqoes_cg.cluster.placement import ALPHA
 from dqoes_cg.cluster.protocol import ContainerReport, ProtocolError, Report, parse
@@ -288,9 +297,50 @@ def test_a_split_is_held_until_a_share_moves_by_more_than_ten_percent() -> None:
     assert settle(first, noise) is first
     moved = split(1.0, paths, [0.04, 0.04], [1.0, 1.0], [1, 1])
     assert settle(first, moved) is moved
-    retarget = split(0.95, paths, [0.01, 0.04], [1.0, 1.0], [1, 1])
-    assert settle(first, retarget) is retarget, "a new target is taken at once"
+    tighter = split(0.95, paths, [0.01, 0.04], [1.0, 1.0], [1, 1])
+    assert settle(first, tighter) is tighter, "a tighter budget is taken at once"
+    looser = split(1.05, paths, [0.01, 0.04], [1.0, 1.0], [1, 1])
+    assert settle(first, looser) is first, "a looser one when a share moves by the band"
     assert settle(None, first) is first
+
+
+def test_the_budget_holds_the_measured_end_to_end_at_its_goal_of_the_target() -> None:
+    budget = PipelineBudget()
+    assert budget.budget_s(2.0) == pytest.approx(2.0 * CEILING), "unmeasured: the ceiling"
+    budget.observe(0.0, 2.0)
+    budget.observe(SETTLE_S / 2, 2.0)
+    assert budget.budget_s(2.0) == pytest.approx(2.0 * CEILING), "not SETTLE_S measured yet"
+    budget.observe(SETTLE_S, 1.8)  # mean 1.93 s, over its goal of 1.5 s
+    assert budget.budget_s(2.0) == pytest.approx(2.0 * CEILING * 1.5 / (5.8 / 3))
+    assert not budget.measured, "it moves again on what is measured under the new budget"
+    for t in range(40, 40 + 10 * 60, 5):  # far over: at most SHRINK a move, down to LEAST
+        budget.observe(t, 10.0)
+        budget.budget_s(2.0)
+    assert budget.fraction == LEAST
+    moves = []
+    for t in range(1000, 1000 + 20 * 60, 5):  # well within: grows back by GROW at most
+        budget.observe(t, 0.2)
+        before = budget.fraction
+        moves.append(budget.budget_s(2.0) / 2.0 / before)
+    assert max(moves) == pytest.approx(1.0 + GROW) and budget.fraction == CEILING
+    budget.observe(3000, 2.0 * GOAL * (1 - BAND / 2))
+    budget.observe(3000 + SETTLE_S, 2.0 * GOAL * (1 - BAND / 2))
+    assert budget.budget_s(2.0) == pytest.approx(2.0 * CEILING), "within its band: held"
+
+
+def test_a_pipeline_over_its_goal_gets_a_tighter_split() -> None:
+    swarm = Swarm()
+    now = time.monotonic()
+    swarm.manager.tick(now)
+    stages_s = 3.0 / (1 + ALPHA)
+    for t in (1, RESPLIT_S, 2 * RESPLIT_S, 3 * RESPLIT_S):  # stages at 1.5 s + 1.5 s of 3
+        swarm.report(now + t - 0.5, {"cheap": 0.05, "dear": 0.05}, rate=4.0, latency_s=1.5)
+        view = swarm.manager.tick(now + t)
+    video = next(p for p in view.pipelines if p.name == "video")
+    assert video.measured_s == pytest.approx(3.0)
+    shares = [parse_duration(swarm.targets(node)[name]["dqoes.target"])
+              for node, name in ((swarm.node2, "cheap"), (swarm.node3, "dear"))]
+    assert sum(shares) == pytest.approx(stages_s * GOAL, rel=1e-3), "by goal / measured"
 
 
 def test_shares_as_labels_never_add_up_to_more_than_the_target() -> None:
@@ -325,14 +375,17 @@ class Swarm:
         self.manager = Manager(self.engine, self.node1)
         self.seq = 0
 
-    def report(self, now: float, work: dict[str, float], rate: float = 2.0) -> None:
+    def report(self, now: float, work: dict[str, float], rate: float = 2.0,
+               latency_s: float = 1.0) -> None:
         """node2 and node3 report their stages, each at `rate` requests a second costing
-        `work[stage]` CPU-seconds each, answered in 1 s (mean), 1.5 s (p95)."""
+        `work[stage]` CPU-seconds each, answered in `latency_s` (mean), 1.5 times that
+        (p95)."""
         self.seq += 1
         for node, names in ((self.node2, ("cheap", "other")), (self.node3, ("dear",))):
             self.manager.receive(node, Report(self.seq, 1.0, 0.5, True, True, None, tuple(
-                ContainerReport(CIDS[n], "S", 1.0, "mean", 1.0, 0.5, 0.4, 20, rate,
-                                rate * work.get(n, 0.01), 1.0, 1.5) for n in names)), now)
+                ContainerReport(CIDS[n], "S", 1.0, "mean", latency_s, 0.5, 0.4, 20, rate,
+                                rate * work.get(n, 0.01), latency_s, 1.5 * latency_s)
+                for n in names)), now)
 
     def targets(self, node: str) -> dict[str, dict[str, str]]:
         return {name: labels for name, sid in self.ids.items()

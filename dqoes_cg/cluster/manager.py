@@ -51,8 +51,9 @@ from ..membership.labels import METRIC, TARGET
 from . import swarmapi
 from .actions import SwarmActions, Update
 from .pace import Pace
+from .pipeline_budget import PipelineBudget
 from .pipelines import Pipeline, Refused, declared
-from .placement import ALPHA, PlacementParams
+from .placement import PlacementParams
 from .protocol import Ack, ContainerReport, Report
 from .qoe_placement import QoEPlacement
 from .split import Split, settle, split
@@ -192,6 +193,7 @@ class Manager:
         self._refused: list[Refused] = []
         self._splits: dict[Pipeline, tuple[float, Split]] = {}  # each one's: when made, held
         self._history = StageHistory()  # the stages' rates and works, for splits and scaling
+        self._budgets: dict[Pipeline, PipelineBudget] = {}  # what each one's split gives out
         self._view: ClusterView | None = None
         self._quiet: dict[str, float] = {}  # placement refusals logged, and when
         self._per_node = RateLimitedLog(log)  # a node chooses how many claims it refuses
@@ -419,6 +421,7 @@ class Manager:
                 log.warning("pipeline %s refused, left unmanaged: %s", r.name, r.reason)
         self._pipelines, self._refused = pipelines, refused
         self._splits = {p: made for p, made in self._splits.items() if p in pipelines}
+        self._budgets = {p: b for p, b in self._budgets.items() if p in pipelines}
 
     def _pipeline_views(self, tasks: list[TaskView], index: SwarmIndex, now: float
                         ) -> tuple[PipelineView, ...]:
@@ -435,24 +438,25 @@ class Manager:
         for p, of_stage in of_stages.items():
             measures = [smoothed[st.service_id] for st in p.stages]
             replicas = [sum(1 for t in ts if t.state == "running") for ts in of_stage]
+            measured = critical_sum(p.paths, [m.measured_s for m in measures])
+            budget = self._budgets.setdefault(p, PipelineBudget())
+            budget.observe(now, measured)
             made, held = self._splits.get(p, (-math.inf, None))
             if held is None or now - made >= RESPLIT_S:
-                # split so that its stages add up to the target at their bands' slow edges,
-                # where a stage the nodes hold in S may sit
-                proposed = split(p.target_s / (1.0 + ALPHA), p.paths,
+                proposed = split(budget.budget_s(p.target_s), p.paths,
                                  [m.work_s for m in measures], [m.rate_hz for m in measures],
                                  replicas)
                 made, before, held = now, held, settle(held, proposed)
                 if held is not before:
-                    log.info("pipeline %s: stage targets %s%s", p.name, ", ".join(
+                    log.info("pipeline %s: %.0f%% of its target split: %s%s", p.name,
+                             100.0 * held.target_s / p.target_s, ", ".join(
                         f"{st.name} {stage_label(x)}"
                         for st, x in zip(p.stages, held.stage_s, strict=True)),
                         "" if held.feasible else " (the target is below what its stages "
                         "can do at one CPU a replica)")
             self._splits[p] = made, held
             views.append(PipelineView(
-                p.name, p.target_s, p.metric,
-                critical_sum(p.paths, [m.measured_s for m in measures]),
+                p.name, p.target_s, p.metric, measured,
                 critical_sum(p.paths, [m.mean_s for m in measures]),
                 critical_sum(p.paths, [m.p95_s for m in measures]),
                 held.feasible, tuple(StageView(
