@@ -53,6 +53,8 @@ IO_TIMEOUT_S = 10.0  # a peer's silence mid-frame, or between requests, before i
 DEADLINE_S = 60.0  # a request's time in this stage and past it, before it fails
 RESOLVE_TTL_S = 2.0  # how long a next stage's addresses are used before a new lookup
 DRAIN_S = 20.0  # a stopped stage's most time to answer the requests it has taken
+RETRY_S = 10.0  # how long a next stage whose every address refuses is tried again
+RETRY_PAUSE_S, RETRY_PAUSE_MAX_S = 0.1, 1.0  # the pause between such tries: first, most
 _LENGTH = struct.Struct(">I")
 
 
@@ -146,16 +148,27 @@ def _resolve(address: tuple[str, int]) -> list[Any]:
 def _connect(address: tuple[str, int], deadline: float) -> socket.socket:
     """A connection to one of the name's addresses, at random. A refused one (a replica
     gone since the lookup, or one that Swarm runs and its DNS names before its process
-    listens: a move, a scale out or in) drops the cached addresses and tries once more,
-    after a new lookup, one of the others, as a client that retries another endpoint does."""
-    first = random.choice(_resolve(address))
-    try:
-        return _open(first, deadline)
-    except OSError:
-        _resolved.pop(address, None)
-    infos = _resolve(address)
-    others = [info for info in infos if info[4] != first[4]]
-    return _open(random.choice(others or infos), deadline)
+    listens: a move, a scale out or in) is not tried again while the name, looked up
+    afresh, has another; when every one refused (a lone replica being replaced), they are
+    all tried again after a pause growing from RETRY_PAUSE_S, for up to RETRY_S, as a client
+    that retries its endpoints does."""
+    refused: set[Any] = set()
+    pause, give_up = RETRY_PAUSE_S, min(deadline, time.monotonic() + RETRY_S)
+    while True:
+        untried = [info for info in _resolve(address) if info[4] not in refused]
+        if not untried:
+            if time.monotonic() + pause > give_up:
+                raise ConnectionRefusedError(f"{address[0]}:{address[1]}: every address "
+                                             f"refused for {RETRY_S:g} s")
+            time.sleep(pause)
+            pause, refused = min(2 * pause, RETRY_PAUSE_MAX_S), set()
+            continue
+        info = random.choice(untried)
+        try:
+            return _open(info, deadline)
+        except ConnectionRefusedError:
+            refused.add(info[4])
+            _resolved.pop(address, None)
 
 
 def _open(info: Any, deadline: float) -> socket.socket:

@@ -341,3 +341,31 @@ def test_a_refused_replica_is_not_tried_again_when_the_name_has_another(
         assert call(("sink", 7000), 1, time.monotonic() + 60)[0][0] == "sink"
     finally:
         sink.stop()
+
+
+def test_a_lone_replica_that_refuses_is_tried_again_until_it_listens(
+        monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A lone replica being replaced: its name has no other address, so the caller tries
+    again after a pause, until its successor listens on it."""
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        port = gone.getsockname()[1]
+    monkeypatch.setattr(pipeline_stage, "_resolved", {})
+    monkeypatch.setattr(pipeline_stage, "RETRY_S", 600.0)
+    tries, successor = [], []
+    real_open = pipeline_stage._open
+
+    def open_from_the_third_try(info, deadline):  # type: ignore[no-untyped-def]
+        tries.append(info[4])
+        if len(tries) == 3:  # the successor listens from now on
+            successor.append(StageServer("sink", lambda: None, Recorder().record,
+                                         host="127.0.0.1", port=port).start())
+        return real_open(info, deadline)
+
+    monkeypatch.setattr(pipeline_stage, "_open", open_from_the_third_try)
+    try:
+        hops = call(("127.0.0.1", port), 1, time.monotonic() + 600)
+    finally:
+        for sink in successor:
+            sink.stop()
+    assert hops[0][0] == "sink" and len(tries) == 3

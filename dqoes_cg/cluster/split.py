@@ -128,11 +128,10 @@ def _fit(shape: np.ndarray, floor: np.ndarray, incidence: np.ndarray, target_s: 
 
 
 def settle(previous: Split | None, proposed: Split, band: float = HYSTERESIS) -> Split:
-    """The split to hold: the proposed one when it is the first, splits less than the
-    previous (a tighter budget is taken at once), or a stage's share moved by more than
-    `band` (relative); else the previous, so that stage targets do not chatter with the
-    measurements' noise."""
-    if previous is None or proposed.target_s < previous.target_s \
+    """The split to hold: the proposed one when it is the first, the end-to-end target
+    changed, or a stage's share moved by more than `band` (relative); else the previous,
+    so that stage targets do not chatter with the measurements' noise."""
+    if previous is None or previous.target_s != proposed.target_s \
             or len(previous.stage_s) != len(proposed.stage_s) \
             or previous.feasible != proposed.feasible:
         return proposed

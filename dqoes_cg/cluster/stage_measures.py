@@ -34,12 +34,15 @@ class StageMeasure:
 
 
 def stage_measurements(tasks: list[TaskView]) -> StageMeasure:
-    """The stage's last windows, over its tasks."""
+    """The stage's last windows, over its tasks. Its work is the CPU of the tasks that
+    served requests over their requests: a replica that served none is starting (its
+    imports and its model: seconds of CPU on an emulated one, which the first split after
+    a scale-out read as the stage's work ten times over) or idle."""
     rates = [t.rate_hz for t in tasks if t.rate_hz is not None]
-    used = [t.window_usage_cores for t in tasks
-            if t.rate_hz is not None and t.window_usage_cores is not None]
+    serving = [t for t in tasks if t.rate_hz]
+    used = [t.window_usage_cores for t in serving if t.window_usage_cores is not None]
     rate = sum(rates) if rates else None
-    return StageMeasure(sum(used) / rate if rate and len(used) == len(rates) else None, rate,
+    return StageMeasure(sum(used) / rate if rate and len(used) == len(serving) else None, rate,
                         _mean([t.measured_s for t in tasks]), _mean([t.mean_s for t in tasks]),
                         _mean([t.p95_s for t in tasks]))
 
