@@ -2,7 +2,7 @@
 simulated, each with every policy of dqoes_cg.policy.POLICIES side by side, with their plots
 and a summary.
 
-    python -m bench.experiments [--sim-only] [--quick] [--out DIR]
+    python -m bench.experiments [--sim-only] [--quick] [--out DIR] [--only KEY ...]
     python -m bench.experiments --real-conditions [--quick] [--seeds N] [--first-seed K]
                                 [--only KEY ...]
                                 [--without curves|drift|packing|noise ...] [--jobs N]
@@ -19,7 +19,8 @@ and a summary.
 3. Plots (PNG), summary.md and summary.json in DIR (default bench/experiments/results).
 
 --sim-only skips 1 (the simulator then uses DIR/calibration.json if there is one, and
-validates against the real runs already in DIR); --quick shortens every run (tests).
+validates against the real runs already in DIR); --only runs 1 for these real scenarios
+alone and keeps the others' runs in DIR; --quick shortens every run (tests).
 
 --real-conditions runs only the simulated scenarios (s*, x*, o*) under the conditions of a
 real host (measured curves, a drifting node speed, the packing shortfall, noise) over
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=0,
                    help="--real-conditions: the first of them")
     p.add_argument("--only", nargs="+", metavar="KEY",
-                   help="--real-conditions: only these scenarios")
+                   help="only these scenarios (of the real runs, or of --real-conditions)")
     p.add_argument("--jobs", type=int, default=conditions.JOBS,
                    help="--real-conditions: processes")
     p.add_argument("--without", nargs="+", choices=conditions.CONDITIONS, default=[],
@@ -93,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                        tuple(args.without), args.first_seed)
         return 0
     if args.real_part:
-        run_real(out, args.quick)
+        run_real(out, args.quick, args.only)
         return 0
     if not args.sim_only:
-        status = real_part_somewhere(out, args.quick)
+        status = real_part_somewhere(out, args.quick, args.only)
         if status != 0:
             print(f"the real runs failed (exit status {status})", file=sys.stderr)
             return status
@@ -107,20 +108,25 @@ def main(argv: list[str] | None = None) -> int:
 # --- 1. real -------------------------------------------------------------------------
 
 
-def real_part_somewhere(out: Path, quick: bool) -> int:
-    return here_or_in_guest(lambda: run_real(out, quick), "the real runs", "bench.experiments",
-                            ["--real-part", "--out", str(out)] + ["--quick"] * quick, out,
+def real_part_somewhere(out: Path, quick: bool, only: list[str] | None) -> int:
+    return here_or_in_guest(lambda: run_real(out, quick, only), "the real runs",
+                            "bench.experiments", ["--real-part", "--out", str(out)]
+                            + ["--quick"] * quick + (["--only", *only] if only else []), out,
                             GUEST_TIMEOUT_S)
 
 
-def run_real(out: Path, quick: bool) -> None:
+def run_real(out: Path, quick: bool, only: list[str] | None = None) -> None:
+    """Step 1 for every real scenario, or for those of `only` (the others' runs kept)."""
     from . import real  # needs the compiled extension and a cgroup v2 kernel
 
-    scenarios = real_scenarios(quick)
+    scenarios = [sc for sc in real_scenarios(quick) if not only or sc.key in only]
+    if only and len(scenarios) != len(set(only)):
+        raise SystemExit(f"--only: not a real scenario among {', '.join(only)}")
     progress = Progress(1 + len(MODES) * len(scenarios))
     real_dir = out / "real"
-    shutil.rmtree(real_dir, ignore_errors=True)
-    real_dir.mkdir()
+    if not only:
+        shutil.rmtree(real_dir, ignore_errors=True)
+    real_dir.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="dqoes-experiments-"))
     try:
         progress.step("calibrating the worker types")

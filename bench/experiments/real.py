@@ -93,7 +93,7 @@ def run(scenario: Scenario, nodes: list[Node], params: Params | None, workdir: P
             if params:
                 bed.start_daemon(*daemon_args(params))
             for i, c in enumerate(node.containers):
-                bed.add_worker(c.name, c.model, hold=True, seed=i)
+                bed.add_worker(c.name, c.model, hold=True, seed=i, rate=c.rate)
             beds.append(bed)
         for bed in beds:
             bed.wait_held()

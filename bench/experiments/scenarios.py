@@ -220,7 +220,8 @@ def own_scenarios(quick: bool = False) -> list[Scenario]:
 
 
 def real_scenarios(quick: bool = False) -> list[Scenario]:
-    """The same experiments scaled to a 2-CPU kernel: 4 to 6 containers, minutes."""
+    """The same experiments scaled to a 2-CPU kernel: 4 to 6 containers, minutes; and two
+    of our own with open-loop services."""
     span = 0.4 if quick else 1.0
     varied = _varied((61, 44, 31, 5, 25))
     return [
@@ -242,6 +243,16 @@ def real_scenarios(quick: bool = False) -> list[Scenario]:
                  "targets, burst", "several times the default's |S|",
                  tuple((1.0, _random(40 + k, 3, MODELS, None)) for k in range(2)),
                  150 * span, 40 * span),
+        # Open-loop services (Poisson arrivals, each request queueing; latency from its
+        # arrival to its answer) among back-to-back workers, as issue 30 first tried them.
+        Scenario("r6-open-services", "3 services (0.12-0.25 CPU of arrivals) and a worker, "
+                 "random models and targets, burst", "-", ((2.0, _changed(
+                     _random(70, 4, MODELS, None), load_cpu={0: 0.12, 1: 0.2, 2: 0.25})),),
+                 200 * span, 60 * span),
+        Scenario("r7-open-mix", "2 services (0.1, 0.2 CPU of arrivals) and 3 workers, random "
+                 "models, targets and arrivals in [0, 45 s]", "-", ((2.0, _changed(
+                     _random(71, 5, MODELS, (0, 45)), load_cpu={1: 0.1, 3: 0.2})),),
+                 200 * span, 90 * span),
     ]
 
 
