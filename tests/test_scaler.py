@@ -139,11 +139,18 @@ def test_new_replicas_go_where_they_hold_and_a_taken_node_loses_its_replica() ->
     assert out.prefer == ("big",)
     (spread,) = plan(Scaler(), 0.0, stage(30.0, room={"small": 0.6}))
     assert (spread.replicas, spread.prefer) == (3, ()), "no room anywhere: Swarm spreads"
-    # its node leaves it 0.4 CPU: below s/L = 0.5 no count helps, it moves
-    (move,) = plan(Scaler(), 0.0, stage(4.0, cpus=0.4, room={"big": 1.0, "small": 0.6}))
-    assert (move.replicas, move.move_from, move.prefer) == (1, "n0", ("big",))
+    # its node leaves it 0.4 CPU: below s/L = 0.5 no count helps; a lone replica gets a
+    # second where one holds at two (0.5 + 0.1 CPU), one of two moves
+    (second,) = plan(Scaler(), 0.0, stage(4.0, cpus=0.4, room={"big": 1.0, "small": 0.55}))
+    assert (second.replicas, second.move_from, second.prefer) == (2, None, ("big",))
+    assert second.why.startswith("scaling out 1 -> 2 rather than moving its lone replica: "
+                                 "0.40 CPU on its node cannot answer")
+    two = replace(stage(4.0, asked=2, room={"big": 1.0, "small": 0.55}),
+                  replica_cpus={"n0": 0.4, "n1": 1.0})
+    (move,) = plan(Scaler(), 0.0, two)
+    assert (move.replicas, move.move_from, move.prefer) == (2, "n0", ("big",))
     assert move.why.startswith("moving a replica off its node: 0.40 CPU there cannot answer")
-    assert plan(Scaler(), 0.0, stage(4.0, cpus=0.4, room={"small": 0.6})) == (), \
+    assert plan(Scaler(), 0.0, stage(4.0, cpus=0.4, room={"small": 0.55})) == (), \
         "nowhere to go: nothing"
 
 
@@ -181,17 +188,18 @@ def test_a_replica_on_a_nearly_taken_node_moves_rather_than_the_stage_scaling_fa
     assert plan(Scaler(), 0.0, kept) == ()
 
 
-def test_a_lone_replica_gets_a_second_rather_than_a_move_unless_a_move_saves_two() -> None:
+def test_a_lone_replica_is_never_moved_but_gets_a_second() -> None:
     # at 0.8 CPU its node makes the stage need 1.33 replicas; at the roomiest node (1 CPU)
-    # one would do: a move saves one replica, a second replica is the surer way
+    # one would do: a second replica there
     near = stage(8.0, cpus=0.8, room={"big": 1.0})
     (out,) = plan(Scaler(), 0.0, near)
     assert (out.replicas, out.move_from, out.prefer) == (2, None, ("big",))
-    # at 0.55 CPU it would need 8: moving it to the roomiest node saves seven
-    (move,) = plan(Scaler(), 0.0, replace(near, replica_cpus={"n0": 0.55}))
-    assert (move.replicas, move.move_from, move.prefer) == (1, "n0", ("big",))
-    assert move.why.startswith("moving a replica off its node: at 0.55 CPU there the stage "
-                               "needs 8.00 replicas, 0.80 on the roomiest node")
+    # at 0.55 CPU it would need 8, one at the roomiest node: a second replica, not eight
+    (second,) = plan(Scaler(), 0.0, replace(near, replica_cpus={"n0": 0.55}))
+    assert (second.replicas, second.move_from, second.prefer) == (2, None, ("big",))
+    assert second.why.startswith("scaling out 1 -> 2 rather than moving its lone replica: at "
+                                 "0.55 CPU on its node the stage needs 8.00 replicas, 0.80 "
+                                 "on the roomiest node")
 
 
 def test_a_stage_that_holds_its_share_is_neither_scaled_out_nor_moved() -> None:
@@ -215,9 +223,9 @@ def test_a_stage_that_misses_its_share_is_sized_by_the_cpu_its_latency_shows() -
     (out,) = plan(Scaler(), 0.0, hogged)
     assert out.why == ("scaling out 1 -> 3: needs 2.67 replicas (rate 8.00/s, work 50.0 ms, "
                        "share 100 ms, 0.65 CPU a replica)")
-    # a node with a whole CPU spare: one replica there would do, two fewer than three
-    (move,) = plan(Scaler(), 0.0, replace(hogged, room_cpus={"spare": 1.0}))
-    assert (move.replicas, move.move_from, move.prefer) == (1, "n0", ("spare",))
+    # a node with a whole CPU spare: one replica there would do; a second goes there
+    (second,) = plan(Scaler(), 0.0, replace(hogged, room_cpus={"spare": 1.0}))
+    assert (second.replicas, second.move_from, second.prefer) == (2, None, ("spare",))
 
 
 def test_when_the_floors_fill_the_target_and_none_is_that_busy_only_the_busiest_scales(

@@ -17,7 +17,7 @@ CPU its replicas had by the same model at the latency measured, s/p + λs/r, if 
 a node's budget does not show (work beside the containers dqoesd holds, an injector's hog,
 the node slowing down) shows there. When c <= s/L no count helps: that
 replica's node is taken, and the replica moves to a node with room for it (a start-first
-rolling update: its replacement runs before it stops).
+rolling update: its replacement runs before it stops), unless it is the stage's only one.
 
 Rule, per stage, every `interval_s`:
 - out, at once, to ⌈need⌉ (at most `max_replicas`) when that is more than it asks for; new
@@ -29,11 +29,13 @@ Rule, per stage, every `interval_s`:
   one replica;
 - a move instead when the slowest replica's CPU is little more than s/L (need grows as
   1 / (c - s/L): the stage would be scaled far out, and kept there, for one replica's node)
-  and the rest of the stage with a node with room would head for fewer replicas; a lone
-  replica moves only if at the roomiest node it would head for LONE_MOVE_SAVES fewer: its
-  move is the whole stage restarting elsewhere (start-first, drained, but a new process on a
-  node whose load may have changed meanwhile), so for one replica's difference a second
-  replica is the surer way;
+  and the rest of the stage with a node with room would head for fewer replicas;
+- a lone replica is never moved: its move is the whole stage starting again elsewhere (a
+  container and its model: tens of seconds of an emulated CPU at what a loaded node leaves,
+  its queue filling meanwhile; the testbed's fifth run moved lone replicas 16 times in ten
+  minutes, chasing hogs that changed every 90 s on average, and its stages took 4 to 17 s).
+  Where a move would help it (no count helps on its node, or the roomiest node would need
+  fewer), it gets a second replica on a node with room; once two serve, the slower may move;
 - out or a move only while the stage misses its share (its latency, as its nodes measured it
   in their last windows, over L) or that latency is unknown: the model's CPU per replica is
   the node's budget less its other containers' use, and a request shorter than its cap's
@@ -63,7 +65,6 @@ from .split import RHO_MAX
 
 MAX_REPLICA_CPUS = 1.0  # a replica serves its requests one at a time (split.py's floor)
 UNIT_S = 60.0  # the actions cap's window
-LONE_MOVE_SAVES = 2  # a lone replica moves instead of a scale out if that saves this many
 
 
 @dataclass(frozen=True)
@@ -214,30 +215,36 @@ class Scaler:
             return self._scale_in(pipeline, stage, min(needed, asked), figures)
         if math.isinf(needed):
             self.below.pop(stage.service_id, None)
-            # where a replica at the present count could hold the share
-            room = self._room(stage, s / share + lam * s / asked)
+            # where a replica at the present count (two, for a lone one) could hold the share
+            room = self._room(stage, s / share + lam * s / max(asked, 2))
             if not room:
                 return None
+            if asked == 1:
+                return self._second(pipeline, stage, room, f"{cpus:.2f} CPU on its node "
+                                    f"cannot answer within its share at any count", figures)
             return Decision(pipeline, stage.service_id, stage.name, asked, room, slowest,
                             f"moving a replica off its node: {cpus:.2f} CPU there cannot "
                             f"answer within its share at any count ({figures})")
         wanted = min(replicas_for(needed), self.params.max_replicas)
         # a node that leaves its replica little more than s/L would have the whole stage
         # scaled far out (need grows as 1 / (c - s/L)) and kept there: moving that replica
-        # does with fewer when the rest of the stage and a node with room need fewer
+        # does with fewer when the rest of the stage (or, for a lone replica, the roomiest
+        # node) needs fewer
         rest = [min(c, MAX_REPLICA_CPUS) for n, c in stage.replica_cpus.items() if n != slowest]
         roomiest = max((c for c in stage.room_cpus.values() if math.isfinite(c)), default=0.0)
         after = need(s, lam, share, min(rest) if rest else min(roomiest, MAX_REPLICA_CPUS))
-        saves = 1 if rest else LONE_MOVE_SAVES
         if after is not None and math.isfinite(after) \
-                and self._count(after, asked) + saves <= self._count(needed, asked):
-            room = self._room(stage, s / share + lam * s / max(replicas_for(after), asked))
+                and self._count(after, asked) < self._count(needed, asked):
+            room = self._room(stage, s / share + lam * s / max(replicas_for(after), asked, 2))
             if room:
                 self.below.pop(stage.service_id, None)
+                if not rest:
+                    return self._second(pipeline, stage, room, f"at {cpus:.2f} CPU on its "
+                                        f"node the stage needs {needed:.2f} replicas, "
+                                        f"{after:.2f} on the roomiest node", figures)
                 return Decision(pipeline, stage.service_id, stage.name, asked, room, slowest,
                                 f"moving a replica off its node: at {cpus:.2f} CPU there the "
-                                f"stage needs {needed:.2f} replicas, {after:.2f} "
-                                f"{'without it' if rest else 'on the roomiest node'} "
+                                f"stage needs {needed:.2f} replicas, {after:.2f} without it "
                                 f"({figures})")
         if wanted > asked:
             self.below.pop(stage.service_id, None)
@@ -246,6 +253,14 @@ class Scaler:
                             f"scaling out {asked} -> {wanted}: needs {needed:.2f} replicas "
                             f"({figures})")
         return self._scale_in(pipeline, stage, needed, figures)
+
+    @staticmethod
+    def _second(pipeline: str, stage: StageLoad, room: tuple[str, ...], why: str,
+                figures: str) -> Decision:
+        """A second replica, on a node with room, for a lone one that a move would help."""
+        return Decision(pipeline, stage.service_id, stage.name, 2, room, None,
+                        f"scaling out 1 -> 2 rather than moving its lone replica: {why} "
+                        f"({figures})")
 
     def _scale_in(self, pipeline: str, stage: StageLoad, needed: float, figures: str
                   ) -> Decision | None:
