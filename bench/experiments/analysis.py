@@ -15,7 +15,7 @@ import numpy as np
 from dqoes_cg.policy import RHO_MAX, Cls, classify
 from dqoes_cg.policy.admit import RHO_FLOOR
 
-from .sim import Curve, Node, default_latency, md1_latency, packing_loss, water_fill
+from .sim import Curve, Node, default_latency, md1_latency, packing_loss
 from .trace import Run
 
 TAIL = 0.15  # the last 15% of a run (or of a phase) is its converged state
@@ -465,20 +465,22 @@ def settled_latency(run: Run) -> np.ndarray:
 
 
 def matched_curves(curves: dict[str, Curve], default: Run) -> dict[str, Curve]:
-    """The curves scaled so that each model's latency at the even share is what the real
-    default run measured (median over its containers of that model): the same shape, at
-    the speed the emulated CPUs had then."""
+    """The curves scaled so that each model's latency on the default platform is what the
+    real default run measured (median over its containers of that model, its back-to-back
+    workers alone where it has any: their latency is in proportion to the model's speed, a
+    queue's is not): the same shape, at the speed the emulated CPUs had then. A container's
+    modelled latency there is sim.default_latency's (a service as an M/D/1 queue at what its
+    arrivals need), once every container has arrived."""
     measured = settled_latency(default)
+    settled = max(c.arrival_s for c in default.containers)
+    modelled = np.concatenate([default_latency(node.cpus, node.containers, curves, settled)
+                               for node in default.nodes])
     matched = dict(curves)
     for model in {c.model for c in default.containers}:
-        ratios = []
-        for node in default.nodes:
-            even = water_fill(node.cpus, np.array([c.threads for c in node.containers]))
-            ratios += [measured[default.containers.index(c)] / curves[model].latency(x)
-                       for c, x in zip(node.containers, even, strict=True)
-                       if c.model == model]
-        c = curves[model]
-        matched[model] = Curve(c.solo_s * float(np.nanmedian(ratios)))
+        mine = [i for i, c in enumerate(default.containers) if c.model == model]
+        workers = [i for i in mine if not default.containers[i].open_loop]
+        ratios = measured[workers or mine] / modelled[workers or mine]
+        matched[model] = Curve(curves[model].solo_s * float(np.nanmedian(ratios)))
     return matched
 
 
